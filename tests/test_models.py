@@ -123,6 +123,27 @@ def test_fused_and_explicit_attention_agree_and_every_parameter_gets_a_gradient(
         assert p.grad.abs().sum() > 0, f"{name} got a zero gradient"
 
 
+@pytest.mark.parametrize("overrides", [{}, {"representation_size": 24}, {"depth": 1}])
+def test_forward_runs_the_last_block_on_the_class_token_alone_with_the_same_logits_and_gradients(overrides):
+    model = tiny(**overrides)
+    randomize_head(model)
+    x = torch.randn(3, 3, 32, 32)
+    seen = []
+    model.blocks[-1].mlp.fc1.register_forward_hook(lambda m, args, out: seen.append(args[0].shape))
+
+    model.train()  # no dropout in TINY: both paths are deterministic
+    fast = model(x)
+    assert seen == [(3, 1, TINY["width"])]  # the last MLP saw the class token only
+    full = model.forward_head(model.forward_features(x))
+    assert seen[-1] == (3, model.num_prefix_tokens + 16, TINY["width"])
+    torch.testing.assert_close(fast, full, atol=1e-5, rtol=1e-5)
+
+    grads = [torch.autograd.grad(out.square().sum(), list(model.parameters())) for out in (fast, full)]
+    for name, g_fast, g_full in zip([n for n, _ in model.named_parameters()], *grads):
+        scale = float(g_full.abs().max())  # large: the squared logits of a random head
+        torch.testing.assert_close(g_fast, g_full, atol=1e-5 * scale, rtol=1e-5, msg=name)
+
+
 def test_gap_pre_logits_and_output_shapes():
     x = torch.randn(3, 3, 32, 32)
     gap = tiny(classifier="gap")

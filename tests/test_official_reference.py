@@ -93,3 +93,11 @@ def test_export_reproduces_the_official_file(case):
     for k, v in original.items():
         assert exported[k].shape == v.shape, k
         np.testing.assert_array_equal(exported[k], v.astype(np.float32), err_msg=k)
+
+
+def test_forward_logits_match_official(case):
+    # forward() computes only the class token in the last block: it must land on the same logits
+    model, ref, _ = case
+    x = torch.from_numpy(ref["inputs"]).permute(0, 3, 1, 2)
+    with torch.no_grad():
+        close(model(x), ref["logits"], "forward logits")

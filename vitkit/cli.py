@@ -354,6 +354,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _, fn = _COMMANDS[args.command]
+    from .fast import tune_cpu_allocator
+
+    tune_cpu_allocator()  # the command line owns its process: keep freed tensor memory for reuse (see vitkit.fast)
     try:
         return int(fn(args) or 0)
     except USER_ERRORS as e:

@@ -12,11 +12,14 @@ from torch import nn
 from ..models import ViTConfig
 
 
-def vit_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = None) -> dict[str, int]:
+def vit_flops(
+    config: ViTConfig, img_size: int | tuple[int, int] | None = None, logits_path: bool = False
+) -> dict[str, int]:
     """Forward FLOPs per image of a ViT, by part, from its config alone (2 FLOPs per multiply-add).
 
     Keys: stem (hybrid ResNet), patch_embed, qkv, attention (q k^T and probs @ v), proj, mlp, pre_logits,
-    head, total. ViT-B/16 at 224: 35.1 GFLOP.
+    head, total. ViT-B/16 at 224: 35.1 GFLOP, the model's FLOPs. ``logits_path``: what VisionTransformer.forward
+    executes instead, where a class-token model's last block computes the class token alone (32.7 GFLOP).
     """
     size = img_size if img_size is not None else config.img_size
     size = (size, size) if isinstance(size, int) else tuple(size)
@@ -44,6 +47,12 @@ def vit_flops(config: ViTConfig, img_size: int | tuple[int, int] | None = None) 
         "pre_logits": 2 * d * config.representation_size if config.representation_size else 0,
         "head": 2 * feats * config.num_classes,
     }
+    if logits_path and config.classifier == "token" and L:
+        # last block: keys and values of all t tokens; query, projection and MLP of the class token only
+        parts["qkv"] -= 2 * (t - 1) * d * d
+        parts["attention"] -= 2 * 2 * (t - 1) * t * d
+        parts["proj"] -= 2 * (t - 1) * d * d
+        parts["mlp"] -= 2 * 2 * (t - 1) * d * m
     parts["total"] = sum(parts.values())
     return parts
 
@@ -70,11 +79,12 @@ def layer_flops(model: nn.Module, input_shape: tuple[int, ...]) -> int:
     return total // input_shape[0]
 
 
-def model_flops(model: nn.Module, img_size: int) -> int:
-    """Forward FLOPs per image: analytic for a ViT, from layer shapes for other models (BiT ResNets)."""
+def model_flops(model: nn.Module, img_size: int, logits_path: bool = False) -> int:
+    """Forward FLOPs per image: analytic for a ViT, from layer shapes for other models (BiT ResNets).
+    ``logits_path``: the FLOPs forward() executes (see vit_flops), rather than the model's."""
     config = model.config
     if isinstance(config, ViTConfig):
-        return vit_flops(config, img_size)["total"]
+        return vit_flops(config, img_size, logits_path)["total"]
     from ..models import model_from_config
 
     with torch.device("meta"):

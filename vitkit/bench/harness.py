@@ -6,9 +6,12 @@
 - FLOPs are counted analytically from the config (matmuls and convolutions, 2 per multiply-add; norms,
   softmax and GELU are left out, as FlopCounterMode does). A training step counts 3x the forward.
 - Utilisation is achieved FLOP/s over a large square matmul's rate in the same dtype, timed in turn with the
-  models (median over the same repeats), so it reads correctly on a machine that other jobs share.
-- Runs alternate between implementations (vitkit, transformers, onnxruntime) repeat by repeat, so a change
-  of machine load hits all of them alike; the ratios are the figures to trust. Outputs are compared first.
+  models (median over the same repeats), so it reads correctly on a machine that other jobs share. Two columns:
+  "mfu" counts the model's FLOPs, "hw" the FLOPs each implementation executes. They differ for vitkit (and its
+  ONNX export), whose class-token forward computes only the class token in the last block.
+- Runs alternate between implementations (vitkit, transformers, timm, onnxruntime) repeat by repeat, so a change
+  of machine load hits all of them alike; the ratios, paired repeat by repeat, are the figures to trust.
+  Outputs are compared first.
 - Peak memory: see memory.py; reported over what is resident before the step (weights, gradients, optimizer
   state), which is reported separately.
 """
@@ -33,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..fast import COMPILE_MODES, compile_for_inference
+from ..fast import COMPILE_MODES, compile_for_inference, cpu_allocator_tuned
 from ..models import ViTConfig, create_model
 from .flops import model_flops
 from .memory import find_max_batch, format_bytes, measure_step_memory, memory_method, parse_bytes, resident_bytes
@@ -41,7 +44,7 @@ from .memory import find_max_batch, format_bytes, measure_step_memory, memory_me
 DTYPES = ("fp32", "bf16-autocast", "bf16")
 ATTN_IMPLS = ("sdpa", "explicit")
 MODES = ("infer", "train")
-PEERS = ("hf", "onnx")
+PEERS = ("hf", "timm", "onnx")
 PROBE = "matmul peak"
 SETTLE_S = 0.2  # idle time between timed calls, see time_alternating
 PARITY_TOL = {"fp32": 1e-4, "bf16-autocast": 5e-2, "bf16": 5e-2}  # max |a - b| / max(1, max |ref|)
@@ -93,7 +96,8 @@ class Measurement:
     images_per_s_min: float
     images_per_s_max: float
     step_s: list[float]
-    utilisation: float
+    utilisation: float  # model FLOPs per second over the matmul peak
+    hardware_utilisation: float  # executed FLOPs per second over the matmul peak
     step_memory_bytes: int | None = None
     resident_bytes: int | None = None
     parity_max_abs: float | None = None
@@ -103,12 +107,13 @@ class Measurement:
 class BenchReport:
     config: dict[str, Any]
     environment: dict[str, Any]
-    gflops_per_image: float  # forward
+    gflops_per_image: float  # forward, the model's FLOPs
+    executed_gflops_per_image: float  # what vitkit's forward executes (less for class-token ViTs)
     gflops_per_step: float  # forward (infer) or 3x forward (train), whole batch
     matmul_peak_gflops: float
     memory_method: str
     measurements: list[Measurement]
-    ratios: dict[str, float]  # vitkit images/s over each peer's
+    ratios: dict[str, float]  # vitkit's speed over each peer's, best rows, paired by repeat (see paired_ratios)
     max_batch: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -128,19 +133,21 @@ class BenchReport:
             f"{c['model']} {c['mode']} img {c['img_size']} batch {c['batch_size']} {c['dtype']} attn={c['attn']} "
             f"compile={compile_modes} on {self.environment['device']} ({self.environment['threads']} threads, "
             f"load {self.environment['load_avg']})",
-            f"model: {self.gflops_per_image:.4g} GFLOP/image forward; {c['dtype']} matmul peak "
+            f"model: {self.gflops_per_image:.4g} GFLOP/image forward (vitkit executes "
+            f"{self.executed_gflops_per_image:.4g}); {c['dtype']} matmul peak "
             f"{self.matmul_peak_gflops:.1f} GFLOP/s (timed alongside)",
-            f"{'impl':<{w}} {'img/s':>9} {'min-max':>17} {'util':>6} {'step mem':>10} {'resident':>10} {'parity':>9}",
+            f"{'impl':<{w}} {'img/s':>9} {'min-max':>17} {'mfu':>6} {'hw':>6} {'step mem':>10} {'resident':>10} "
+            f"{'parity':>9}",
         ]
         for m in self.measurements:
             parity = "-" if m.parity_max_abs is None else f"{m.parity_max_abs:.1e}"
             lines.append(
                 f"{m.name:<{w}} {m.images_per_s:>9.2f} {m.images_per_s_min:>8.2f}-{m.images_per_s_max:<8.2f} "
-                f"{m.utilisation:>6.1%} {format_bytes(m.step_memory_bytes):>10} {format_bytes(m.resident_bytes):>10} "
-                f"{parity:>9}"
+                f"{m.utilisation:>6.1%} {m.hardware_utilisation:>6.1%} {format_bytes(m.step_memory_bytes):>10} "
+                f"{format_bytes(m.resident_bytes):>10} {parity:>9}"
             )
         for peer, ratio in self.ratios.items():
-            lines.append(f"vitkit / {peer} (best rows): {ratio:.3f}x")
+            lines.append(f"vitkit / {peer} (best rows, paired by repeat): {ratio:.3f}x")
         lines.append(f"memory: {self.memory_method}")
         if self.max_batch:
             mb = self.max_batch
@@ -310,7 +317,8 @@ def run_bench(
     x = torch.randn(cfg.batch_size, model.config.in_chans, cfg.img_size, cfg.img_size, device=device)
     x = x.to(_param_dtype(cfg))
     y = torch.randint(0, max(model.config.num_classes, 1), (cfg.batch_size,), device=device)
-    peers = {"hf": hf_peer(model)} if "hf" in cfg.compare else {}
+    builders = {"hf": hf_peer, "timm": timm_peer}
+    peers = {name: builders[name](model) for name in cfg.compare if name in builders}
     parity = check_parity(model, peers, x, cfg, log)
 
     owners: dict[str, nn.Module] = {}
@@ -328,6 +336,7 @@ def run_bench(
         parity["onnx"] = _check_one("onnx", _relative_max_diff(steps["onnx"](), model_output(model, x, cfg)), cfg, log)
 
     flops = model_flops(model, cfg.img_size)
+    executed = model_flops(model, cfg.img_size, logits_path=True)  # vitkit's forward, and so its ONNX export
     step_flops = flops * cfg.batch_size * (3 if cfg.mode == "train" else 1)
     probe, probe_flops = matmul_probe(torch.float32 if cfg.dtype == "fp32" else torch.bfloat16, device)
     log(f"timing {', '.join(steps)}: {cfg.warmup} warm-up and {cfg.repeats} timed calls each, alternating")
@@ -338,6 +347,8 @@ def run_bench(
         rates = [cfg.batch_size / t for t in step_s]
         median = statistics.median(rates)
         owner = owners.get(name)
+        impl = name.split("/")[0]
+        mfu = median / cfg.batch_size * step_flops / (peak * 1e9)
         measurements.append(
             Measurement(
                 name=name,
@@ -345,23 +356,21 @@ def run_bench(
                 images_per_s_min=min(rates),
                 images_per_s_max=max(rates),
                 step_s=step_s,
-                utilisation=median / cfg.batch_size * step_flops / (peak * 1e9),
+                utilisation=mfu,
+                hardware_utilisation=mfu * executed / flops if impl in ("vitkit", "onnx") else mfu,
                 step_memory_bytes=measure_step_memory(steps[name], device) if owner is not None else None,
                 resident_bytes=resident_bytes(owner, cfg.mode) if owner is not None else None,
-                parity_max_abs=parity.get(name.split("/")[0]),
+                parity_max_abs=parity.get(impl),
             )
         )
-    best: dict[str, float] = {}
-    for m in measurements:
-        impl = m.name.split("/")[0]
-        best[impl] = max(best.get(impl, 0.0), m.images_per_s)
-    ratios = {impl: best["vitkit"] / rate for impl, rate in best.items() if impl != "vitkit"}
+    ratios = paired_ratios(measurements)
     max_batch = estimate_max_batch(model, cfg, device, measurements[0], log) if cfg.max_batch else None
     workdir.cleanup()
     return BenchReport(
         config={**asdict(cfg), "compare": list(cfg.compare), "compile_modes": list(modes)},
         environment=environment(device),
         gflops_per_image=flops / 1e9,
+        executed_gflops_per_image=executed / 1e9,
         gflops_per_step=step_flops / 1e9,
         matmul_peak_gflops=peak,
         memory_method=memory_method(device),
@@ -371,6 +380,24 @@ def run_bench(
     )
 
 
+def paired_ratios(measurements: Sequence[Measurement]) -> dict[str, float]:
+    """vitkit's speed over each peer's: the best row (median images/s over compile modes) of each implementation,
+    then the median over repeats of peer seconds / vitkit seconds within the same repeat.
+
+    Both calls of a pair ran seconds apart, so a change of machine load between repeats cancels out, where a
+    ratio of two medians would still carry it.
+    """
+    best: dict[str, Measurement] = {}
+    for m in measurements:
+        impl = m.name.split("/")[0]
+        if impl not in best or m.images_per_s > best[impl].images_per_s:
+            best[impl] = m
+    ours = best["vitkit"].step_s
+    return {
+        impl: statistics.median(t / v for t, v in zip(m.step_s, ours)) for impl, m in best.items() if impl != "vitkit"
+    }
+
+
 def hf_peer(model: nn.Module) -> nn.Module:
     """transformers' ViTForImageClassification with the same weights, dtype and device, on its SDPA attention."""
     from ..checkpoint.hf import to_hf_model
@@ -378,6 +405,21 @@ def hf_peer(model: nn.Module) -> nn.Module:
     hf = to_hf_model(model)
     hf.set_attn_implementation("sdpa")  # transformers' fastest attention on CPU and a match for ours on CUDA
     return _Logits(hf)
+
+
+def timm_peer(model: nn.Module) -> nn.Module:
+    """timm's VisionTransformer with the same weights, dtype and device (timm is an optional peer: it needs
+    torchvision, which vitkit itself does not)."""
+    try:
+        from timm.models.vision_transformer import VisionTransformer as TimmViT
+    except ImportError as e:
+        raise ImportError(f"bench --compare timm needs timm installed ({e})") from e
+    from ..checkpoint.timm import timm_kwargs, vitkit_to_timm
+
+    ref = next(model.parameters())
+    peer = TimmViT(**timm_kwargs(model))
+    peer.load_state_dict(vitkit_to_timm(model))
+    return peer.to(device=ref.device, dtype=ref.dtype)
 
 
 def model_output(model: nn.Module, x: torch.Tensor, cfg: BenchConfig) -> torch.Tensor:
@@ -465,6 +507,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "load_avg": "n/a",
+        "cpu_allocator": "freed memory kept (tune_cpu_allocator)" if cpu_allocator_tuned() else "default",
     }
     with contextlib.suppress(OSError, AttributeError):
         env["load_avg"] = " ".join(f"{v:.2f}" for v in os.getloadavg())

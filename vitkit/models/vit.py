@@ -100,9 +100,11 @@ class Attention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # unbind along the (B, N, 3, nh, hd) layout itself: in backward the three gradients are stacked straight
+        # into the qkv output's layout, where permuting first would cost an extra copy of them
         B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        return qkv.unbind(0)  # 3 x (B, nh, N, hd)
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, nh, N, hd)
 
     def _out(self, x: torch.Tensor) -> torch.Tensor:
         B, _, N, _ = x.shape
@@ -110,6 +112,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         q, k, v = self._qkv(x)
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        return self._out(x)
+
+    def forward_prefix(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """The outputs of the first n tokens only, (B, n, D): queries for n tokens, keys and values for all."""
+        B, N, C = x.shape
+        w, b = self.qkv.weight, self.qkv.bias
+        q = F.linear(x[:, :n], w[:C], b[:C]).reshape(B, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = F.linear(x, w[C:], b[C:]).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         return self._out(x)
 
@@ -145,6 +157,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+    def forward_prefix(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        """forward(x)[:, :n] without computing the other tokens' outputs (every step but attention is per token)."""
+        x = x[:, :n] + self.attn.forward_prefix(self.norm1(x), n)
         return x + self.mlp(self.norm2(x))
 
     def forward_explicit(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -328,7 +345,15 @@ class VisionTransformer(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
+        """Images -> logits. With class-token pooling the head reads one token, so the last block computes that
+        token alone (keys and values still from all): the same logits for about 1/depth less work, in training
+        too, as no other token of the last block reaches the loss. forward_features gives every token."""
+        if self.config.classifier != "token" or self.config.attn_impl == "explicit" or not len(self.blocks):
+            return self.forward_head(self.forward_features(x))
+        x = self.embed(x)
+        for blk in self.blocks[:-1]:
+            x = blk(x)
+        return self.forward_head(self.norm(self.blocks[-1].forward_prefix(x, 1)))
 
     def forward_intermediates(
         self, x: torch.Tensor, return_attention: bool = False, attn_impl: str | None = None
