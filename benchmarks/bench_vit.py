@@ -1,6 +1,6 @@
 """vitkit against Hugging Face transformers (and timm, where installed) on this machine: the speed targets.
 
-    python benchmarks/bench_vit.py                      # all three comparisons (~8 min on 2 AVX2 cores, no bf16)
+    python benchmarks/bench_vit.py                      # all comparisons (~8 min on 2 AVX2 cores, ~12 with timm)
     python benchmarks/bench_vit.py --only fp32 --repeats 3 --json out.json
 
 1. ViT-B/16 inference, fp32: best vitkit path vs best transformers path (eager and torch.compile + freezing,

@@ -144,6 +144,27 @@ def test_forward_runs_the_last_block_on_the_class_token_alone_with_the_same_logi
         torch.testing.assert_close(g_fast, g_full, atol=1e-5 * scale, rtol=1e-5, msg=name)
 
 
+class _Delta(torch.nn.Module):
+    """A wrapped projection, as adapters (LoRA) make: the base Linear plus a learned correction."""
+
+    def __init__(self, base: torch.nn.Linear) -> None:
+        super().__init__()
+        self.base, self.delta = base, torch.nn.Linear(base.in_features, base.out_features, bias=False)
+        torch.nn.init.normal_(self.delta.weight, std=0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + self.delta(x)
+
+
+def test_class_token_forward_runs_a_wrapped_qkv_projection_as_it_is():
+    model = tiny()
+    randomize_head(model)
+    model.blocks[-1].attn.qkv = _Delta(model.blocks[-1].attn.qkv)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model.forward_head(model.forward_features(x)), atol=1e-5, rtol=1e-5)
+
+
 def test_gap_pre_logits_and_output_shapes():
     x = torch.randn(3, 3, 32, 32)
     gap = tiny(classifier="gap")

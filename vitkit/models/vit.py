@@ -110,18 +110,20 @@ class Attention(nn.Module):
         B, _, N, _ = x.shape
         return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, -1)))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._qkv(x)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
-        return self._out(x)
-
-    def forward_prefix(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        """The outputs of the first n tokens only, (B, n, D): queries for n tokens, keys and values for all."""
+    def _q_kv(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries of the first n tokens, keys and values of all: the qkv matmul split by rows of its weight."""
+        if type(self.qkv) is not nn.Linear:  # a wrapped projection (LoRA, quantised, ...): run it as it is
+            q, k, v = self._qkv(x)
+            return q[:, :, :n], k, v
         B, N, C = x.shape
         w, b = self.qkv.weight, self.qkv.bias
         q = F.linear(x[:, :n], w[:C], b[:C]).reshape(B, n, self.num_heads, self.head_dim).transpose(1, 2)
         k, v = F.linear(x, w[C:], b[C:]).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        return q, k.transpose(1, 2), v.transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, out_tokens: int | None = None) -> torch.Tensor:
+        """(B, N, D) -> (B, N, D), or (B, out_tokens, D): the outputs of the first out_tokens tokens only."""
+        q, k, v = self._qkv(x) if out_tokens is None else self._q_kv(x, out_tokens)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
         return self._out(x)
 
@@ -155,13 +157,13 @@ class Block(nn.Module):
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.gelu, cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
-
-    def forward_prefix(self, x: torch.Tensor, n: int) -> torch.Tensor:
-        """forward(x)[:, :n] without computing the other tokens' outputs (every step but attention is per token)."""
-        x = x[:, :n] + self.attn.forward_prefix(self.norm1(x), n)
+    def forward(self, x: torch.Tensor, out_tokens: int | None = None) -> torch.Tensor:
+        """out_tokens: forward(x)[:, :out_tokens] without computing the other tokens' outputs (every step but
+        attention is per token, and attention still reads keys and values of all tokens)."""
+        if out_tokens is None:
+            x = x + self.attn(self.norm1(x))
+        else:
+            x = x[:, :out_tokens] + self.attn(self.norm1(x), out_tokens)
         return x + self.mlp(self.norm2(x))
 
     def forward_explicit(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -347,13 +349,14 @@ class VisionTransformer(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> logits. With class-token pooling the head reads one token, so the last block computes that
         token alone (keys and values still from all): the same logits for about 1/depth less work, in training
-        too, as no other token of the last block reaches the loss. forward_features gives every token."""
+        too, as no other token of the last block reaches the loss. The last block's output (and what its hooks
+        see) is then (B, 1, D); forward_features and forward_intermediates give every token."""
         if self.config.classifier != "token" or self.config.attn_impl == "explicit" or not len(self.blocks):
             return self.forward_head(self.forward_features(x))
         x = self.embed(x)
         for blk in self.blocks[:-1]:
             x = blk(x)
-        return self.forward_head(self.norm(self.blocks[-1].forward_prefix(x, 1)))
+        return self.forward_head(self.norm(self.blocks[-1](x, out_tokens=1)))
 
     def forward_intermediates(
         self, x: torch.Tensor, return_attention: bool = False, attn_impl: str | None = None
