@@ -24,8 +24,10 @@ import sys
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from vitkit.bench import BenchConfig, BenchReport, run_bench
+from vitkit.bench import BenchConfig, BenchReport, Measurement, best_rows, run_bench
+from vitkit.checkpoint.timm import timm_kwargs, vitkit_to_timm
 from vitkit.fast import bf16_is_fast, can_compile, tune_cpu_allocator
 
 
@@ -33,9 +35,20 @@ def log(msg: str) -> None:
     print(f"  {msg}", file=sys.stderr, flush=True)
 
 
-def best(report: BenchReport, impl: str):
+def best(report: BenchReport, impl: str) -> Measurement:
     """The fastest row of one implementation (over compile modes)."""
-    return max((m for m in report.measurements if m.name.split("/")[0] == impl), key=lambda m: m.images_per_s)
+    return best_rows(report.measurements)[impl]
+
+
+def timm_peer(model: nn.Module) -> nn.Module:
+    """timm's VisionTransformer with vitkit's weights, dtype and device. timm is only a peer here: it needs
+    torchvision, which vitkit does not."""
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    ref = next(model.parameters())
+    peer = TimmViT(**timm_kwargs(model))
+    peer.load_state_dict(vitkit_to_timm(model))
+    return peer.to(device=ref.device, dtype=ref.dtype)
 
 
 PEER_NAMES = {"hf": "transformers", "timm": "timm"}
@@ -90,9 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     modes = [m for m in args.compile.split(",") if m != "default" or can_compile(device)]
     native_bf16 = bf16_is_fast(device) or args.force_bf16
-    has_timm = importlib.util.find_spec("timm") is not None
-    models = ("hf", "timm") if has_timm else ("hf",)
-    common = dict(repeats=args.repeats, warmup=args.warmup, compare=models, device=args.device)
+    extra = {"timm": timm_peer} if importlib.util.find_spec("timm") is not None else {}
+    common = dict(repeats=args.repeats, warmup=args.warmup, device=args.device)
     runs = args.only or ["fp32", "bf16", "train"]
     has_onnxruntime = importlib.util.find_spec("onnxruntime") is not None  # its row is shown, not a target
 
@@ -105,14 +117,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {run}", file=sys.stderr, flush=True)
         if run in ("fp32", "bf16"):
             with_onnx = run == "fp32" and has_onnxruntime and device.type == "cpu"
-            peers = (*models, "onnx") if with_onnx else models
-            cfg = BenchConfig(model="vit_b16", batch_size=args.batch_size, dtype=run, **{**common, "compare": peers})
-            report = run_bench(cfg, log=log, compile_modes=modes)
+            peers = ("hf", "onnx") if with_onnx else ("hf",)
+            cfg = BenchConfig(model="vit_b16", batch_size=args.batch_size, dtype=run, compare=peers, **common)
+            report = run_bench(cfg, log=log, compile_modes=modes, extra_peers=extra)
             rows += [(f"ViT-B/16 {run}: {t}", m, ok) for t, m, ok in inference_target(report, *TARGETS[run])]
         else:
             dtype = "bf16-autocast" if native_bf16 else "fp32"
-            cfg = BenchConfig(model="vit_s16", batch_size=args.train_batch_size, dtype=dtype, mode="train", **common)
-            report = run_bench(cfg, log=log)
+            cfg = BenchConfig(
+                model="vit_s16", batch_size=args.train_batch_size, dtype=dtype, mode="train", compare=("hf",), **common
+            )
+            report = run_bench(cfg, log=log, extra_peers=extra)
             rows += [(f"ViT-S/16 {dtype}: {t}", m, ok) for t, m, ok in train_target(report, 1.2)]
         print(report.table() + "\n", flush=True)
         reports[run] = report.to_dict()

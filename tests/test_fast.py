@@ -5,6 +5,7 @@ Nothing here times anything against a threshold: speed is measured by `vitkit be
 
 from __future__ import annotations
 
+import copy
 import json
 import statistics
 import sys
@@ -26,6 +27,7 @@ from vitkit.bench import (
     vit_flops,
 )
 from vitkit.bench.harness import paired_ratios
+from vitkit.bench.memory import _proc_status_kib
 from vitkit.cli import main
 from vitkit.models import ResNet, ViTConfig
 
@@ -179,18 +181,21 @@ def test_bench_refuses_to_time_a_peer_that_disagrees(monkeypatch):
 def test_bench_config_rejects_unknown_values():
     with pytest.raises(ValueError, match="dtype='fp16'"):
         BenchConfig(dtype="fp16")
-    with pytest.raises(ValueError, match="compare='jax'"):
-        BenchConfig(compare=("jax",))
+    with pytest.raises(ValueError, match="compare='timm'"):
+        BenchConfig(compare=("timm",))  # timm is not a dependency: benchmarks/bench_vit.py adds it as an extra peer
 
 
-def test_bench_times_timm_with_the_same_weights():
-    pytest.importorskip("timm")  # optional peer: timm needs torchvision, which vitkit does not
+def test_bench_times_an_extra_peer_built_from_vitkits_model():
+    def explicit_twin(model: torch.nn.Module) -> torch.nn.Module:  # same weights, attention written out
+        twin = copy.deepcopy(model)
+        twin.config.attn_impl = "explicit"
+        return twin
+
     tiny = {k: v for k, v in TINY.items() if k != "img_size"}
-    cfg = BenchConfig(model="vit_ti16", img_size=32, batch_size=2, repeats=1, warmup=0, compare=("timm",),
-                      overrides=tiny, device="cpu")  # fmt: skip
-    report = run_bench(cfg)
-    assert [m.name for m in report.measurements] == ["vitkit", "timm"]
-    assert report.measurements[1].parity_max_abs <= 1e-5 and "timm" in report.ratios
+    cfg = BenchConfig(model="vit_ti16", img_size=32, batch_size=2, repeats=2, warmup=0, overrides=tiny, device="cpu")
+    report = run_bench(cfg, extra_peers={"explicit": explicit_twin})
+    assert [m.name for m in report.measurements] == ["vitkit", "explicit"]
+    assert report.measurements[1].parity_max_abs <= 1e-5 and set(report.ratios) == {"explicit"}
 
 
 def test_cli_bench_json(tmp_path, capsys):
@@ -203,20 +208,15 @@ def test_cli_bench_json(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------- fast path
-def _resident_kib() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc malloc tuning is Linux-only")
 def test_tune_cpu_allocator_keeps_freed_tensor_memory_for_reuse():
     assert fast_mod.tune_cpu_allocator() and fast_mod.tune_cpu_allocator()  # applied, and idempotent
     n = 64 * 2**20 // 4  # 64 MiB: above glibc's default mmap threshold (at most 32 MiB)
     for _ in range(3):  # touched, then freed: with the default allocator these pages go back to the kernel
         torch.ones(n)  # (the first rounds may leave the freed block split by small allocations made meanwhile)
-    before = _resident_kib()
+    before = _proc_status_kib("VmRSS")
     again = torch.ones(n)  # the same size again is served from the kept pages (default: +64 MiB resident)
-    assert _resident_kib() - before < 16 * 1024
+    assert _proc_status_kib("VmRSS") - before < 16 * 1024
     del again
     tiny = {k: v for k, v in TINY.items() if k != "img_size"}
     cfg = BenchConfig(model="vit_ti16", img_size=32, batch_size=1, repeats=1, warmup=0, overrides=tiny, device="cpu")

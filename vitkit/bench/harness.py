@@ -9,9 +9,9 @@
   models (median over the same repeats), so it reads correctly on a machine that other jobs share. Two columns:
   "mfu" counts the model's FLOPs, "hw" the FLOPs each implementation executes. They differ for vitkit (and its
   ONNX export), whose class-token forward computes only the class token in the last block.
-- Runs alternate between implementations (vitkit, transformers, timm, onnxruntime) repeat by repeat, so a change
-  of machine load hits all of them alike; the ratios, paired repeat by repeat, are the figures to trust.
-  Outputs are compared first.
+- Runs alternate between implementations (vitkit, transformers, onnxruntime, any extra peer) repeat by repeat,
+  so a change of machine load hits all of them alike; the ratios, paired repeat by repeat, are the figures to
+  trust. Outputs are compared first.
 - Peak memory: see memory.py; reported over what is resident before the step (weights, gradients, optimizer
   state), which is reported separately.
 """
@@ -27,7 +27,7 @@ import platform
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -44,7 +44,7 @@ from .memory import find_max_batch, format_bytes, measure_step_memory, memory_me
 DTYPES = ("fp32", "bf16-autocast", "bf16")
 ATTN_IMPLS = ("sdpa", "explicit")
 MODES = ("infer", "train")
-PEERS = ("hf", "timm", "onnx")
+PEERS = ("hf", "onnx")
 PROBE = "matmul peak"
 SETTLE_S = 0.2  # idle time between timed calls, see time_alternating
 PARITY_TOL = {"fp32": 1e-4, "bf16-autocast": 5e-2, "bf16": 5e-2}  # max |a - b| / max(1, max |ref|)
@@ -303,12 +303,17 @@ def build_model(cfg: BenchConfig, device: torch.device) -> nn.Module:
 
 
 def run_bench(
-    cfg: BenchConfig, log: Callable[[str], None] = lambda s: None, compile_modes: Sequence[str] | None = None
+    cfg: BenchConfig,
+    log: Callable[[str], None] = lambda s: None,
+    compile_modes: Sequence[str] | None = None,
+    extra_peers: Mapping[str, Callable[[nn.Module], nn.Module]] | None = None,
 ) -> BenchReport:
     """Build, check parity, time alternating, measure memory (and the largest batch); see the module docstring.
 
     ``compile_modes`` (default: just cfg.compile) times every implementation under each mode, all alternating in
     one loop, rows named "vitkit/none", "hf/default", ...; the ratios then compare each side's best row.
+    ``extra_peers``: name -> a function building that implementation from vitkit's model (same weights, dtype
+    and device), timed and parity-checked like transformers; benchmarks/bench_vit.py adds timm this way.
     """
     device = torch.device(cfg.device)
     modes = tuple(compile_modes or (cfg.compile,))
@@ -317,8 +322,8 @@ def run_bench(
     x = torch.randn(cfg.batch_size, model.config.in_chans, cfg.img_size, cfg.img_size, device=device)
     x = x.to(_param_dtype(cfg))
     y = torch.randint(0, max(model.config.num_classes, 1), (cfg.batch_size,), device=device)
-    builders = {"hf": hf_peer, "timm": timm_peer}
-    peers = {name: builders[name](model) for name in cfg.compare if name in builders}
+    builders = {**({"hf": hf_peer} if "hf" in cfg.compare else {}), **(extra_peers or {})}
+    peers = {name: build(model) for name, build in builders.items()}
     parity = check_parity(model, peers, x, cfg, log)
 
     owners: dict[str, nn.Module] = {}
@@ -387,15 +392,21 @@ def paired_ratios(measurements: Sequence[Measurement]) -> dict[str, float]:
     Both calls of a pair ran seconds apart, so a change of machine load between repeats cancels out, where a
     ratio of two medians would still carry it.
     """
+    best = best_rows(measurements)
+    ours = best["vitkit"].step_s
+    return {
+        impl: statistics.median(t / v for t, v in zip(m.step_s, ours)) for impl, m in best.items() if impl != "vitkit"
+    }
+
+
+def best_rows(measurements: Sequence[Measurement]) -> dict[str, Measurement]:
+    """Each implementation's fastest row (highest median images/s) over its compile modes ("hf/none", ...)."""
     best: dict[str, Measurement] = {}
     for m in measurements:
         impl = m.name.split("/")[0]
         if impl not in best or m.images_per_s > best[impl].images_per_s:
             best[impl] = m
-    ours = best["vitkit"].step_s
-    return {
-        impl: statistics.median(t / v for t, v in zip(m.step_s, ours)) for impl, m in best.items() if impl != "vitkit"
-    }
+    return best
 
 
 def hf_peer(model: nn.Module) -> nn.Module:
@@ -405,21 +416,6 @@ def hf_peer(model: nn.Module) -> nn.Module:
     hf = to_hf_model(model)
     hf.set_attn_implementation("sdpa")  # transformers' fastest attention on CPU and a match for ours on CUDA
     return _Logits(hf)
-
-
-def timm_peer(model: nn.Module) -> nn.Module:
-    """timm's VisionTransformer with the same weights, dtype and device (timm is an optional peer: it needs
-    torchvision, which vitkit itself does not)."""
-    try:
-        from timm.models.vision_transformer import VisionTransformer as TimmViT
-    except ImportError as e:
-        raise ImportError(f"bench --compare timm needs timm installed ({e})") from e
-    from ..checkpoint.timm import timm_kwargs, vitkit_to_timm
-
-    ref = next(model.parameters())
-    peer = TimmViT(**timm_kwargs(model))
-    peer.load_state_dict(vitkit_to_timm(model))
-    return peer.to(device=ref.device, dtype=ref.dtype)
 
 
 def model_output(model: nn.Module, x: torch.Tensor, cfg: BenchConfig) -> torch.Tensor:
