@@ -1,35 +1,43 @@
-# `make train` and `make test` set everything up themselves on a fresh machine: a .venv, the package with its
-# dev extras, all pinned by constraints.txt (CPU torch where there is no GPU, no CUDA downloads).
+# `make train` and `make test` set everything up themselves on a fresh machine: a .venv and the package, pinned
+# by constraints.txt (CPU torch where there is no GPU, no CUDA downloads). `make train` installs only what the
+# main job needs; `make test` adds the test, lint and peer-library extras.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
+DEV_STAMP := $(VENV)/.installed-dev-stamp
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 
-.PHONY: install train test lint format bench clean
+.PHONY: install install-dev train test lint format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt -e .
 	@touch $(STAMP)
 
+$(DEV_STAMP): $(STAMP)
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	@touch $(DEV_STAMP)
+
 install: $(STAMP)
+
+install-dev: $(DEV_STAMP)
 
 train: $(STAMP)
 	$(VENV)/bin/vitkit train $(ARGS)
 
-lint: $(STAMP)
+lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check vitkit tests benchmarks
 	$(VENV)/bin/ruff format --check vitkit tests benchmarks
 
-format: $(STAMP)
+format: $(DEV_STAMP)
 	$(VENV)/bin/ruff check --fix vitkit tests benchmarks
 	$(VENV)/bin/ruff format vitkit tests benchmarks
 
 test: lint
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-bench: $(STAMP)
+bench: $(DEV_STAMP)
 	$(VENV)/bin/vitkit bench $(ARGS)
 
 clean:

@@ -12,11 +12,12 @@ import torch
 from safetensors.torch import save_file
 
 import vitkit
-from vitkit import VisionTransformer
+from vitkit import UserError, VisionTransformer
 from vitkit.checkpoint import LoadReport, load_model, load_pretrained, native, save_pretrained
 from vitkit.checkpoint.hf import save_hf, to_hf_model, vitkit_to_hf
+from vitkit.checkpoint.infer import default_heads
 from vitkit.checkpoint.official import infer_official_config, vitkit_to_official
-from vitkit.checkpoint.timm import default_heads, vitkit_to_timm
+from vitkit.checkpoint.timm import vitkit_to_timm
 from vitkit.cli import main as cli_main
 from vitkit.models import ResNet, resample_pos_embed
 
@@ -204,11 +205,16 @@ def test_missing_and_unexpected_keys_are_reported(tmp_path):
     params.pop("Transformer/encoder_norm/bias")
     params["extra/thing"] = np.zeros(3, np.float32)
     path = save_npz(tmp_path / "m.npz", params)
-    report = load_pretrained(VisionTransformer(**TINY), path)
-    assert isinstance(report, LoadReport)
+    model = VisionTransformer(**TINY)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UserError, match=r"missing norm\.bias; unexpected extra/thing"):
+        load_pretrained(model, path)  # strict by default: a partial load is an error, and loads nothing
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    with pytest.raises(UserError, match=r"m\.npz: the weights do not fit the model; missing norm\.bias"):
+        load_model(path)
+    report = load_pretrained(model, path, strict=False)  # asked for: load what fits, report the rest
+    assert isinstance(report, LoadReport) and not report.ok
     assert report.missing == ["norm.bias"] and report.unexpected == ["extra/thing"]
-    with pytest.raises(ValueError, match="missing: norm.bias"):
-        load_pretrained(VisionTransformer(**TINY), path, strict=True)
 
 
 def test_create_model_pretrained(tmp_path):
@@ -334,7 +340,8 @@ def test_vitkit_round_trip_with_metadata(tmp_path):
     meta = {"class_names": ["a", "b", "c", "d", "e"], "step": 10}
     save_pretrained(model, tmp_path / "ck", metadata=meta)
     loaded, got = load_model(tmp_path / "ck", return_metadata=True)
-    assert got == meta and loaded.pretrained_metadata == meta
+    assert got == meta and load_pretrained(tiny(**HYBRID), tmp_path / "ck").metadata == meta
+    assert "pretrained_metadata" not in vars(loaded)  # the report is its home, not an attribute set on the model
     assert_same_model(model, loaded)
     assert_same_model(model, vitkit.load_model(tmp_path / "ck" / "model.safetensors"))
 

@@ -5,7 +5,7 @@ Nothing here times anything against a threshold: speed is measured by `vitkit be
 
 from __future__ import annotations
 
-import copy
+import dataclasses
 import json
 import statistics
 import sys
@@ -187,8 +187,8 @@ def test_bench_config_rejects_unknown_values():
 
 def test_bench_times_an_extra_peer_built_from_vitkits_model():
     def explicit_twin(model: torch.nn.Module) -> torch.nn.Module:  # same weights, attention written out
-        twin = copy.deepcopy(model)
-        twin.config.attn_impl = "explicit"
+        twin = VisionTransformer(dataclasses.replace(model.config, attn_impl="explicit"))
+        twin.load_state_dict(model.state_dict())
         return twin
 
     tiny = {k: v for k, v in TINY.items() if k != "img_size"}
@@ -229,7 +229,7 @@ def test_optimize_for_inference_fp32_matches_eager():
     with torch.no_grad():
         want = model(x)
     fast = optimize_for_inference(model, dtype="fp32", compile="none")
-    assert model.config.attn_impl == "sdpa" and not model.training
+    assert model.config.attn_impl == "explicit" and fast.call_kwargs == {"attn_impl": "sdpa"} and not model.training
     assert not any(p.requires_grad for p in fast.parameters())
     got = fast(x)
     assert got.dtype == torch.float32 and not got.requires_grad

@@ -218,6 +218,9 @@ def test_inspect_cli_reports_what_it_skips(tmp_path, capsys):
     reasons = " ".join(s["reason"] for s in index["skipped"])
     assert "hybrid" in reasons and "no position embedding" in reasons and "no images" in reasons
     assert "does not record its data" in capsys.readouterr().err
+    # data that is named but cannot be read is an error, not a smaller report
+    assert main(["inspect", str(ckpt), "--out", str(tmp_path / "f2"), "--data", "folder", "--root", "/no/such"]) == 2
+    assert "/no/such" in capsys.readouterr().err
 
 
 def test_inspect_cli_takes_images_from_the_checkpoints_data(tmp_path):
@@ -234,3 +237,23 @@ def test_inspect_cli_takes_images_from_the_checkpoints_data(tmp_path):
     assert "digits" in " ".join(index["notes"])
     with Image.open(out / rollouts[0]) as im:
         assert im.width > 100
+
+
+def test_rollout_colour_bar_shows_the_colours_blended_onto_the_image():
+    from matplotlib.collections import QuadMesh
+
+    from vitkit.inspect.figures import ROLLOUT_ALPHA, rollout_figure
+
+    torch.manual_seed(0)
+    image, heat = torch.rand(12, 16, 3).numpy(), 3.0 * torch.rand(12, 16).double().numpy()  # heat: any scale
+    fig = rollout_figure(image, heat)
+    (cax,) = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    (bar,) = [c for c in cax.collections if isinstance(c, QuadMesh)]  # the bar's colour strip
+    overlay = fig.axes[1].get_images()[-1]  # drawn over the input image
+    # the overlay's colours are the bar's cmap and norm applied to the rollout (as a share of its max) ...
+    expected = bar.get_cmap()(bar.norm(heat / heat.max()))
+    assert overlay.get_array().shape == expected.shape
+    torch.testing.assert_close(torch.as_tensor(overlay.get_array()), torch.as_tensor(expected))
+    assert (bar.norm.vmin, bar.norm.vmax) == (0, 1) and bar.get_cmap().name == "inferno"
+    # ... blended at the overlay's opacity, while the bar shows them at full strength rather than faded over white
+    assert overlay.get_alpha() == ROLLOUT_ALPHA and bar.get_alpha() in (None, 1.0)

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import vitkit
+from vitkit import UserError
 from vitkit.models import MODELS, ResNet, VisionTransformer, create_model, resample_pos_embed, sincos_2d
 from vitkit.models.resnet import StdConv2d, group_norm, same_padding
 
@@ -342,7 +343,7 @@ def test_bit_resnet_classifier():
 def test_create_model_overrides_and_errors():
     model = create_model("vit_ti16", num_classes=3, depth=1, img_size=64)
     assert model.config.depth == 1 and model.grid == (4, 4)
-    with pytest.raises(KeyError, match="unknown model"):
+    with pytest.raises(UserError, match="unknown model 'vit_q16'; did you mean vit_s16"):
         create_model("vit_q16")
     with pytest.raises(TypeError, match="no field"):
         create_model("vit_ti16", widht=10)

@@ -80,7 +80,11 @@ def test_config_overrides_are_typed():
     )
     assert cfg.optim.lr == 3e-4 and cfg.optim.betas == (0.9, 0.95) and cfg.run.compile is True
     assert cfg.schedule.steps == 1000 and isinstance(cfg.schedule.steps, int)
-    assert cfg.data.mean == [0.5, 0.4, 0.3] and cfg.model.representation_size is None and cfg.model.depth == 3
+    assert (
+        cfg.data.mean == [0.5, 0.4, 0.3]
+        and cfg.model.fields["representation_size"] is None
+        and cfg.model.fields["depth"] == 3
+    )
     assert cfg.run.name == "digits"  # the config's stem
     again = config_from_dict(yaml.safe_load(cfg.to_yaml()))  # the resolved YAML round-trips
     assert again == cfg
@@ -89,7 +93,7 @@ def test_config_overrides_are_typed():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("optim.lrr=1", "did you mean lr"),
+        ("optim.lrr=1", "did you mean optim.lr"),
         ("optm.lr=1", "did you mean optim"),
         ("optim.lr=fast", "optim.lr='fast': expected a number"),
         ("optim.batch_size=1.5", "expected an integer"),
@@ -122,7 +126,11 @@ def test_shipped_configs_parse():
         4096,
         1,
     )
-    assert (pre.schedule.warmup_steps, pre.schedule.decay, pre.model.representation_size) == (10000, "linear", 768)
+    assert (pre.schedule.warmup_steps, pre.schedule.decay, pre.model.fields["representation_size"]) == (
+        10000,
+        "linear",
+        768,
+    )
     ft = load_config("vit_b16_finetune", ["data.root=/d", "run.init_from=x.npz"])
     assert (ft.optim.name, ft.optim.momentum, ft.optim.weight_decay, ft.optim.batch_size) == ("sgd", 0.9, 0.0, 512)
     assert (ft.data.img_size, ft.schedule.decay, ft.schedule.steps) == (384, "cosine", 10000)
@@ -403,3 +411,67 @@ def test_short_digits_run_is_well_above_chance(tmp_path):
     assert result.metrics["eval_images"] == 360 and result.metrics["eval_top1"] > 0.5
     assert math.isfinite(result.metrics["eval_loss"])
     assert (result.run_dir / "loss.png").stat().st_size > 0 and (result.run_dir / "accuracy.png").stat().st_size > 0
+
+
+# ------------------------------------------------------------------------------------------------ plots
+def _train_records(losses, first_step=1):
+    return [
+        {"kind": "train", "step": first_step + i, "epoch": 0, "loss": loss, "lr": 1e-3, "images_per_s": 100.0}
+        for i, loss in enumerate(losses)
+    ]
+
+
+def _eval_record(step, loss=0.9, top1=0.5, top5=0.9):
+    return {"kind": "eval", "step": step, "epoch": 1, "eval_loss": loss, "eval_top1": top1, "eval_top5": top5}
+
+
+def test_loss_plot_says_when_the_train_loss_is_label_smoothed(tmp_path):
+    from vitkit.train.metrics import loss_figure, plot_metrics
+
+    records = [*_train_records([2.0, 1.6, 1.3, 1.1, 1.0]), _eval_record(5)]
+    ax = loss_figure(records, label_smoothing=0.1).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train loss (label smoothing 0.1)", "eval loss"]
+    ax = loss_figure(records).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["train loss", "eval loss"]
+    written = plot_metrics(records, tmp_path, label_smoothing=0.1)
+    assert [p.name for p in written] == ["loss.png", "accuracy.png"] and all(p.stat().st_size > 0 for p in written)
+
+
+def test_metric_plots_read_well_for_short_and_long_runs():
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.ticker import PercentFormatter
+
+    from vitkit.train.metrics import accuracy_figure, loss_figure
+
+    # a short run: every point is marked, steps are whole numbers, a loss within a decade stays linear
+    short = [*_train_records([2.3, 2.0, 1.7]), _eval_record(3)]
+    ax = loss_figure(short).axes[0]
+    assert all(line.get_marker() not in (None, "", "None") for line in ax.get_lines())
+    assert ax.get_yscale() == "linear" and all(float(t).is_integer() for t in ax.get_xticks())
+    ax = accuracy_figure(short).axes[0]
+    assert len(ax.get_lines()) == 2 and all(line.get_marker() not in (None, "", "None") for line in ax.get_lines())
+    assert isinstance(ax.yaxis.get_major_formatter(), PercentFormatter) and all(
+        float(t).is_integer() for t in ax.get_xticks()
+    )
+
+    # a long run late in training: plain lines, and tick labels without an offset or multiplier in the corner
+    flat = [2.3021 + 1e-5 * (i % 7) for i in range(50)]
+    fig = loss_figure(_train_records(flat, first_step=1_000_000))
+    ax = fig.axes[0]
+    assert all(line.get_marker() in (None, "", "None") for line in ax.get_lines())
+    FigureCanvasAgg(fig).draw()
+    assert ax.xaxis.get_offset_text().get_text() == "" and ax.yaxis.get_offset_text().get_text() == ""
+
+    # a loss falling over more than a decade is drawn on a log scale
+    ax = loss_figure(_train_records([2.3 * 0.8**i for i in range(30)])).axes[0]
+    assert ax.get_yscale() == "log"
+
+
+def test_training_passes_its_label_smoothing_to_the_plots(tmp_path, monkeypatch):
+    import vitkit.train.engine as engine
+
+    seen = {}
+    monkeypatch.setattr(engine, "plot_metrics", lambda records, out_dir, **kw: seen.update(kw))
+    doc = tiny(tmp_path, schedule={"steps": 1}, optim={"label_smoothing": 0.1}, run={"plots": True})
+    train(config_from_dict(doc))
+    assert seen == {"label_smoothing": 0.1}

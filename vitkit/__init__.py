@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from .errors import UserError
 from .models import (
     MODELS,
     ResNet,
@@ -12,7 +13,6 @@ from .models import (
     VisionTransformer,
     ViTConfig,
     count_params,
-    create_model,
     list_models,
     resample_pos_embed,
 )
@@ -21,8 +21,9 @@ __version__ = "0.1.0"
 
 # Heavier subsystems load on first use, so `import vitkit` stays fast.
 _LAZY = {
+    "create_model": "vitkit.hub",
     "load_pretrained": "vitkit.checkpoint",
-    "load_model": "vitkit.checkpoint",
+    "load_model": "vitkit.hub",
     "save_pretrained": "vitkit.checkpoint",
     "optimize_for_inference": "vitkit.fast",
 }
@@ -38,10 +39,10 @@ __all__ = [
     "MODELS",
     "ResNet",
     "ResNetConfig",
+    "UserError",
     "ViTConfig",
     "VisionTransformer",
     "count_params",
-    "create_model",
     "list_models",
     "resample_pos_embed",
     *_LAZY,

@@ -1,8 +1,10 @@
 """The `vitkit` command line: thin wrappers over the library, one function pair per command.
 
 Each command is a function decorated with @command(name, help) that receives the argparse namespace; its
-arguments are declared by an `add_<name>` function registered with @arguments(name). Errors a user can fix
-(bad paths, keys, values) are printed as one line and exit with status 2; VITKIT_DEBUG=1 shows tracebacks.
+arguments are declared by an `add_<name>` function registered with @arguments(name). A user error (the
+library's UserError: a bad path, key or value; or a file the system refuses, such as a full disk) is printed
+as one line and exits with status 2 (VITKIT_DEBUG=1 shows its traceback); anything else is a bug and keeps
+its traceback.
 """
 
 from __future__ import annotations
@@ -12,11 +14,10 @@ import os
 import sys
 from collections.abc import Callable
 
+from .errors import UserError
+
 _COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int | None]]] = {}
 _ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
-
-# Exceptions that carry a message meant for the user (the library raises them with the file/key/value named).
-USER_ERRORS = (ValueError, KeyError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def command(name: str, help: str):
@@ -38,7 +39,7 @@ def arguments(name: str):
 # ------------------------------------------------------------------------------------------ models, convert
 @arguments("models")
 def add_models(p: argparse.ArgumentParser) -> None:
-    p.add_argument("pattern", nargs="?", default="", help="only names containing this")
+    p.add_argument("pattern", nargs="?", default="", help="a glob such as 'vit_b*' or '*gap' (or a part of the name)")
     p.add_argument("--num-classes", type=int, default=1000, help="head size used for the counts (default 1000)")
 
 
@@ -47,9 +48,13 @@ def cmd_models(args: argparse.Namespace) -> int:
     import torch
 
     from .models import MODELS, create_model, list_models
+    from .models.registry import unknown_model
 
+    names = list_models(args.pattern)
+    if not names:
+        raise UserError(f"no model matches {args.pattern!r}; {str(unknown_model(args.pattern)).split('; ', 1)[1]}")
     with torch.device("meta"):  # counts only: no memory, no init time
-        rows = [(n, create_model(n, num_classes=args.num_classes)) for n in list_models(args.pattern)]
+        rows = [(n, create_model(n, num_classes=args.num_classes)) for n in names]
     print(f"{'name':<14} {'params':>14}  config")
     for name, model in rows:
         spec = {k: v for k, v in MODELS[name].items() if k != "arch"}
@@ -79,47 +84,63 @@ def cmd_convert(args: argparse.Namespace) -> int:
 def _add_data_source(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
-        metavar="SOURCE",
-        help="digits, folder, cifar10, cifar100 or synthetic (default: the checkpoint's own data, from its run's "
-        "config.yaml or its metadata)",
+        metavar="DATA",
+        help="a source (digits, synthetic, folder, cifar10, cifar100), an image folder DIR/<class>/<images> or a "
+        "training config .yaml (its data section); default: the checkpoint's own data (its run's config.yaml, "
+        "or the source in its metadata)",
     )
-    p.add_argument("--root", help="data directory for folder / cifar sources")
-    p.add_argument("--val-root", help="folder source: a separate evaluation tree")
+    p.add_argument("--root", help="the data directory (same as data.root=...)")
+    p.add_argument("--val-root", help="a separate evaluation tree (same as data.val_root=...)")
 
 
-def _data_fields(args: argparse.Namespace) -> dict:
-    return {k: v for k, v in (("root", args.root), ("val_root", args.val_root)) if v is not None}
+def _data_overrides(args: argparse.Namespace) -> list[str]:
+    """--root / --val-root and the trailing data.key=value items, as overrides of the data section."""
+    given = [f"data.{k}={v}" for k, v in (("root", args.root), ("val_root", args.val_root)) if v is not None]
+    return given + list(getattr(args, "overrides", []))
+
+
+def _checkpoint_data(args: argparse.Namespace, metadata: dict, prep) -> tuple:
+    """(DataConfig, train set, evaluation set, DatasetInfo) of the checkpoint, as --data and overrides say."""
+    from .data import build_datasets
+    from .train.run_eval import checkpoint_data
+
+    cfg = checkpoint_data(args.checkpoint, metadata, prep, args.data, _data_overrides(args))
+    return (cfg, *build_datasets(cfg))
 
 
 @arguments("fewshot")
 def add_fewshot(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="any checkpoint vitkit reads (vitkit dir, official .npz, HF dir, timm file)")
+    p.add_argument("overrides", nargs="*", metavar="data.key=value", help="changes to the data config")
     _add_data_source(p)
     p.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25], help="examples per class (1 5 10 25)")
     p.add_argument("--seeds", type=int, default=3, help="random subsets per shot count (default 3)")
     p.add_argument("--l2", type=float, default=2.0**10, help="ridge regularisation (default 2^10, as big_vision)")
     p.add_argument("--batch-size", type=int, default=128, help="images per forward pass for the features")
-    p.add_argument("--out", default="fewshot.json", help="JSON results file (default fewshot.json)")
+    p.add_argument(
+        "--out", help="JSON results file (default: fewshot.json in the run directory, or beside the checkpoint file)"
+    )
 
 
 @command("fewshot", "few-shot linear evaluation of a frozen model (closed-form ridge regression, paper sec 4.1)")
 def cmd_fewshot(args: argparse.Namespace) -> int:
     import json
+    from pathlib import Path
 
-    from .checkpoint.native import atomic_write_text
-    from .data import build_datasets
     from .evaluate import fewshot
-    from .predict import checkpoint_data_config, load_for_inference
+    from .io import atomic_write_text
+    from .predict import load_for_inference
 
     model, prep, metadata = load_for_inference(args.checkpoint)
-    cfg = checkpoint_data_config(args.checkpoint, metadata, prep, args.data, **_data_fields(args))
-    train, test, info = build_datasets(cfg)
+    cfg, train, test, info = _checkpoint_data(args, metadata, prep)
     result = fewshot(model, train, test, args.shots, args.seeds, args.l2, args.batch_size, info.num_classes)
     print(f"few-shot linear accuracy of {args.checkpoint} on {cfg.source} ({len(train)} train images to draw from)")
     print(result.table())
     doc = {"checkpoint": str(args.checkpoint), "data": cfg.to_dict(), **result.to_dict()}
-    atomic_write_text(args.out, json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    ckpt = Path(args.checkpoint)
+    out = Path(args.out) if args.out else (ckpt if ckpt.is_dir() else ckpt.parent) / "fewshot.json"
+    atomic_write_text(out, json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out}")
     return 0
 
 
@@ -138,9 +159,9 @@ def add_inspect(p: argparse.ArgumentParser) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import torch
 
-    from .data import build_datasets
     from .inspect.report import images_from_dataset, images_from_files, write_inspection
-    from .predict import checkpoint_data_config, load_for_inference, read_labels
+    from .predict import load_for_inference, read_labels
+    from .train.run_eval import NO_DATA, records_data
 
     model, prep, metadata = load_for_inference(args.checkpoint)
     names = read_labels(args.labels) if args.labels else prep.class_names
@@ -151,18 +172,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             print(f"vitkit inspect: error: {err}", file=sys.stderr)
             notes.append(f"not read: {err}")
         status = 1 if errors else 0
-    else:
-        try:
-            cfg = checkpoint_data_config(args.checkpoint, metadata, prep, args.data, **_data_fields(args))
-            _, eval_set, info = build_datasets(cfg)
-            count = max(args.num_images, args.distance_images)
-            sample = images_from_dataset(eval_set, prep, count, names or info.class_names)
-            images, distance_inputs = sample[: args.num_images], torch.stack([im.input for im in sample])
-            notes.append(f"images: evaluation images of the {cfg.source} data ({len(sample)} for the distance)")
-        except (ValueError, FileNotFoundError) as e:
-            images, distance_inputs = [], None
-            notes.append(f"no images given and none taken from data: {e}")
-            print(f"vitkit inspect: {notes[-1]}", file=sys.stderr)
+    elif args.data is None and not _data_overrides(args) and not records_data(args.checkpoint, metadata):
+        images, distance_inputs = [], None  # nothing to draw images from: the figures that need none
+        notes.append(f"no images given, and {NO_DATA}")
+        print(f"vitkit inspect: {notes[-1]}", file=sys.stderr)
+    else:  # the checkpoint's data: data that cannot be read is an error, not a smaller report
+        cfg, _, eval_set, info = _checkpoint_data(args, metadata, prep)
+        count = max(args.num_images, args.distance_images)
+        sample = images_from_dataset(eval_set, prep, count, names or info.class_names)
+        images, distance_inputs = sample[: args.num_images], torch.stack([im.input for im in sample])
+        notes.append(f"images: evaluation images of the {cfg.source} data ({len(sample)} for the distance)")
     index = write_inspection(model, args.out, images, names, distance_inputs, notes=notes)
     for entry in index["written"]:
         print(f"wrote {args.out}/{entry['file']}  ({entry['figure']})")
@@ -231,6 +250,9 @@ def add_bench(p: argparse.ArgumentParser) -> None:
 @command("bench", "images/s, FLOPs, utilisation and memory of a model, optionally side by side with peers")
 def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, run_bench
+    from .fast import tune_cpu_allocator
+
+    tune_cpu_allocator()  # a benchmark measures the fast setting (freed tensor memory kept for reuse; vitkit.fast)
 
     fields = {k: getattr(args, k) for k in ("model", "img_size", "batch_size", "dtype", "attn", "compile", "mode")}
     cfg = BenchConfig(
@@ -314,7 +336,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="a training run directory or any checkpoint vitkit.load_model reads")
     p.add_argument("overrides", nargs="*", metavar="data.key=value", help="changes to the data config")
-    p.add_argument("--data", help="a YAML config (its data section) or an image folder; default: the run's data")
+    _add_data_source(p)
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--device", default="auto")
 
@@ -323,7 +345,7 @@ def add_eval(p: argparse.ArgumentParser) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .train.run_eval import evaluate_checkpoint
 
-    m = evaluate_checkpoint(args.checkpoint, args.data, args.overrides, args.device, args.batch_size)
+    m = evaluate_checkpoint(args.checkpoint, args.data, _data_overrides(args), args.device, args.batch_size)
     print(
         f"{args.checkpoint}: top-1 {100 * m['eval_top1']:.2f}%  top-5 {100 * m['eval_top5']:.2f}%  "
         f"loss {m['eval_loss']:.4f}  ({m['eval_images']} images, {m['data']})"
@@ -354,15 +376,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _, fn = _COMMANDS[args.command]
-    from .fast import tune_cpu_allocator
-
-    tune_cpu_allocator()  # the command line owns its process: keep freed tensor memory for reuse (see vitkit.fast)
     try:
         return int(fn(args) or 0)
-    except USER_ERRORS as e:
-        if os.environ.get("VITKIT_DEBUG"):
+    except (UserError, OSError) as e:
+        system = isinstance(e, OSError) and not isinstance(e, UserError)
+        # the system refused a file it names (missing, unwritable, disk full); an OSError naming none is a bug
+        if os.environ.get("VITKIT_DEBUG") or (system and not e.filename):
             raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
+        msg = f"{e.filename}: {e.strerror}" if system else e
         print(f"vitkit {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import UserError, UserFileNotFoundError
+
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
 
@@ -95,7 +97,7 @@ def onnx_session(path: str | Path, threads: int | None = None) -> Any:
     # alternates onnxruntime with torch)
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not Path(path).is_file():
-        raise FileNotFoundError(f"{path}: no such ONNX file")
+        raise UserFileNotFoundError(f"{path}: no such ONNX file")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
@@ -116,8 +118,8 @@ def check_onnx(
         with torch.no_grad():
             want = model(x.to(device)).float().cpu()
         if got.shape != want.shape:
-            raise ValueError(f"{path}: onnxruntime output shape {tuple(got.shape)} != torch {tuple(want.shape)}")
+            raise UserError(f"{path}: onnxruntime output shape {tuple(got.shape)} != torch {tuple(want.shape)}")
         worst = max(worst, float((got - want).abs().max()))
     if not worst <= atol:
-        raise ValueError(f"{path}: onnxruntime differs from torch by {worst:.3e} (> {atol:.0e})")
+        raise UserError(f"{path}: onnxruntime differs from torch by {worst:.3e} (> {atol:.0e})")
     return worst

@@ -31,6 +31,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from .errors import UserError
+from .models import VisionTransformer
+
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 COMPILE_MODES = ("none", "default", "max-autotune")
 
@@ -39,10 +42,10 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     """torch.float32 / torch.bfloat16, also spelled 'fp32' / 'bf16'."""
     if isinstance(dtype, torch.dtype):
         if dtype not in (torch.float32, torch.bfloat16):
-            raise ValueError(f"dtype {dtype}: expected torch.float32 or torch.bfloat16")
+            raise UserError(f"dtype {dtype}: expected torch.float32 or torch.bfloat16")
         return dtype
     if dtype not in DTYPE_NAMES:
-        raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPE_NAMES)}")
+        raise UserError(f"dtype {dtype!r}: expected one of {sorted(DTYPE_NAMES)}")
     return DTYPE_NAMES[dtype]
 
 
@@ -117,7 +120,7 @@ def compile_for_inference(fn: Callable[..., Any], mode: str = "default") -> Call
     settings as vitkit's.
     """
     if mode not in COMPILE_MODES[1:]:
-        raise ValueError(f"compile mode {mode!r}: expected one of {COMPILE_MODES[1:]}")
+        raise UserError(f"compile mode {mode!r}: expected one of {COMPILE_MODES[1:]}")
     compiled = torch.compile(fn, mode=mode)
 
     def run(*args: Any, **kwargs: Any) -> Any:
@@ -135,13 +138,15 @@ class InferenceModel(nn.Module):
         self.model = model
         self.dtype = dtype
         self.compile_mode = compile_mode
+        # a ViT runs the fused kernel whatever its configured default: same numerics, no (B, nh, N, N) probabilities
+        self.call_kwargs = {"attn_impl": "sdpa"} if isinstance(model, VisionTransformer) else {}
         run = model if compile_mode == "none" else compile_for_inference(model, compile_mode)
         self.__dict__["_run"] = run  # not a submodule: the weights are registered once, under .model
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out_dtype = x.dtype if x.is_floating_point() else torch.float32
         with torch.no_grad():
-            y = self._run(x.to(self.dtype))
+            y = self._run(x.to(self.dtype), **self.call_kwargs)
         return y.to(out_dtype)
 
     def extra_repr(self) -> str:
@@ -179,11 +184,8 @@ def optimize_for_inference(
     elif compile == "auto":
         compile = "default" if can_compile(device) else "none"
     elif compile not in COMPILE_MODES:
-        raise ValueError(f"compile={compile!r}: expected 'auto', True/False or one of {COMPILE_MODES}")
+        raise UserError(f"compile={compile!r}: expected 'auto', True/False or one of {COMPILE_MODES}")
     if device.type == "cpu":
         tune_cpu_allocator()
     model.eval().requires_grad_(False).to(dtype)
-    config = getattr(model, "config", None)
-    if config is not None and getattr(config, "attn_impl", None) == "explicit":
-        config.attn_impl = "sdpa"  # the fused kernel; same numerics, no (B, nh, N, N) probabilities kept
     return InferenceModel(model, dtype, compile)

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 
-from .data import DataConfig, eval_transform, load_image
+from .data import eval_transform, load_image
 from .data.transforms import channel_stats
+from .errors import UserError, UserFileNotFoundError
 
 # Where a DatasetInfo may sit inside checkpoint metadata: at the top level, or under one of these keys.
 _INFO_KEYS = ("data_info", "dataset_info", "dataset", "info", "data")
@@ -83,13 +83,13 @@ def preprocessing_for(
     cfg = model.config
     h, w = (cfg.img_size, cfg.img_size) if isinstance(cfg.img_size, int) else tuple(cfg.img_size)
     if h != w:
-        raise ValueError(f"{source}: the model takes {h}x{w} inputs; only square inputs are supported here")
+        raise UserError(f"{source}: the model takes {h}x{w} inputs; only square inputs are supported here")
     size = int(info.get("img_size", h))
     if cfg.arch == "vit" and not cfg.dynamic_img_size:
         size = h  # a ViT takes exactly its own resolution (it may have been re-sized after training)
     chans = int(info.get("in_chans", cfg.in_chans))
     if chans != cfg.in_chans:
-        raise ValueError(f"{source}: in_chans={chans} but the model takes {cfg.in_chans} channels")
+        raise UserError(f"{source}: in_chans={chans} but the model takes {cfg.in_chans} channels")
     names = info.get("class_names")
     return Preprocessing(
         img_size=size,
@@ -109,55 +109,17 @@ def load_for_inference(path: str | Path, **overrides: Any) -> tuple[nn.Module, P
     return model.eval(), preprocessing_for(model, metadata, source=str(path)), metadata or {}
 
 
-def checkpoint_data_config(
-    path: str | Path, metadata: dict[str, Any], prep: Preprocessing, source: str | None = None, **fields: Any
-) -> DataConfig:
-    """The DataConfig to evaluate a checkpoint on, preprocessed exactly as the model expects, unaugmented.
-
-    With ``source`` (and fields such as root=...) that data; otherwise the checkpoint's own: the ``data``
-    section of the config.yaml a training run writes next to its weights, or, for sources that need no
-    files (digits, synthetic), the ``source`` recorded in the metadata. Training images are not augmented,
-    since few-shot evaluation and inspection need the plain images.
-    """
-    data: dict[str, Any] = {}
-    if source is None:
-        run_yaml = (Path(path) if Path(path).is_dir() else Path(path).parent) / "config.yaml"
-        run = yaml.safe_load(run_yaml.read_text()) if run_yaml.is_file() else None
-        if isinstance(run, dict) and isinstance(run.get("data"), dict):
-            data = dict(run["data"])
-        elif metadata.get("source") in ("digits", "synthetic"):
-            data = {"source": metadata["source"]}
-        else:
-            raise ValueError(
-                f"{path}: the checkpoint does not record its data; name a data source (e.g. --data digits)"
-            )
-    else:
-        data = {"source": source}
-    data.update(fields)
-    data.update(
-        img_size=prep.img_size,
-        in_chans=prep.in_chans,
-        mean=prep.mean,
-        std=prep.std,
-        eval_crop_fraction=prep.crop_fraction,
-        train_augment="none",
-        flip=False,
-        shift_pixels=0,
-    )
-    return DataConfig.from_dict(data)
-
-
 def read_labels(path: str | Path) -> list[str]:
     """Class names from a text file, one per line (surrounding blank lines ignored)."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: labels file not found") from None
+        raise UserFileNotFoundError(f"{path}: labels file not found") from None
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
-        raise ValueError(f"{path}: labels file is empty (expected one class name per line)")
+        raise UserError(f"{path}: labels file is empty (expected one class name per line)")
     return [line.strip() for line in lines]
 
 
@@ -184,7 +146,7 @@ def predict_files(
 ) -> list[Prediction]:
     """Top-k predictions for image files, in order; unreadable files get a Prediction with ``error`` set."""
     if k < 1 or batch_size < 1:
-        raise ValueError(f"predict: top-k and batch size must be >= 1, got k={k}, batch_size={batch_size}")
+        raise UserError(f"predict: top-k and batch size must be >= 1, got k={k}, batch_size={batch_size}")
     names = list(class_names) if class_names is not None else prep.class_names
     transform = prep.transform()
     model.eval()
@@ -202,7 +164,7 @@ def predict_files(
             continue
         probs = class_probabilities(model, torch.stack(batch))  # (B, K)
         if names is not None and len(names) != probs.shape[-1]:
-            raise ValueError(f"predict: {len(names)} class names given but the model has {probs.shape[-1]} classes")
+            raise UserError(f"predict: {len(names)} class names given but the model has {probs.shape[-1]} classes")
         probs, idx = probs.topk(min(k, probs.shape[-1]), dim=-1)  # (B, k) each, best first
         for pred, p_row, i_row in zip(ok, probs.tolist(), idx.tolist()):
             pred.top = [(i, names[i] if names else str(i), p) for i, p in zip(i_row, p_row)]

@@ -36,8 +36,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UserError
 from ..fast import COMPILE_MODES, compile_for_inference, cpu_allocator_tuned
-from ..models import ViTConfig, create_model
+from ..models import MODELS, create_model
 from .flops import model_flops
 from .memory import find_max_batch, format_bytes, measure_step_memory, memory_method, parse_bytes, resident_bytes
 
@@ -77,13 +78,13 @@ class BenchConfig:
             ("mode", self.mode, MODES),
         ):
             if value not in allowed:
-                raise ValueError(f"bench {name}={value!r}: expected one of {allowed}")
+                raise UserError(f"bench {name}={value!r}: expected one of {allowed}")
         self.compare = tuple(self.compare)
         for peer in self.compare:
             if peer not in PEERS:
-                raise ValueError(f"bench compare={peer!r}: expected one of {PEERS}")
+                raise UserError(f"bench compare={peer!r}: expected one of {PEERS}")
         if self.batch_size < 1 or self.repeats < 1 or self.warmup < 0:
-            raise ValueError("bench needs batch_size >= 1, repeats >= 1 and warmup >= 0")
+            raise UserError("bench needs batch_size >= 1, repeats >= 1 and warmup >= 0")
         parse_bytes(self.memory_budget)
 
 
@@ -293,9 +294,8 @@ def build_model(cfg: BenchConfig, device: torch.device) -> nn.Module:
     """The registered model with random weights; the zero-initialised head gets random weights too, so that
     output parity checks compare informative logits rather than zeros."""
     torch.manual_seed(0)
-    model = create_model(cfg.model, img_size=cfg.img_size, **cfg.overrides)
-    if isinstance(model.config, ViTConfig):
-        model.config.attn_impl = cfg.attn
+    attn = {"attn_impl": cfg.attn} if MODELS[cfg.model]["arch"] == "vit" else {}
+    model = create_model(cfg.model, img_size=cfg.img_size, **attn, **cfg.overrides)
     head = getattr(model, "head", None)
     if isinstance(head, nn.Linear):
         nn.init.normal_(head.weight, std=0.02)
@@ -336,7 +336,7 @@ def run_bench(
     workdir = tempfile.TemporaryDirectory(prefix="vitkit-bench-")
     if "onnx" in cfg.compare:
         if cfg.mode != "infer" or cfg.dtype != "fp32" or device.type != "cpu":
-            raise ValueError("bench --compare onnx: onnxruntime is measured for fp32 inference on the CPU only")
+            raise UserError("bench --compare onnx: onnxruntime is measured for fp32 inference on the CPU only")
         steps["onnx"] = onnx_step(model, cfg, x, Path(workdir.name))
         parity["onnx"] = _check_one("onnx", _relative_max_diff(steps["onnx"](), model_output(model, x, cfg)), cfg, log)
 
@@ -363,7 +363,9 @@ def run_bench(
                 step_s=step_s,
                 utilisation=mfu,
                 hardware_utilisation=mfu * executed / flops if impl in ("vitkit", "onnx") else mfu,
-                step_memory_bytes=measure_step_memory(steps[name], device) if owner is not None else None,
+                step_memory_bytes=measure_step_memory(steps[name], device, reset_cpu_peak=True)
+                if owner is not None
+                else None,
                 resident_bytes=resident_bytes(owner, cfg.mode) if owner is not None else None,
                 parity_max_abs=parity.get(impl),
             )
@@ -440,7 +442,7 @@ def _check_one(name: str, err: float, cfg: BenchConfig, log: Callable[[str], Non
     tol = PARITY_TOL[cfg.dtype]
     log(f"parity {name}: max |diff| / max(1, max |ref|) = {err:.2e} (tolerance {tol:.0e})")
     if not err <= tol:
-        raise ValueError(
+        raise UserError(
             f"bench: {name} outputs differ from vitkit's by {err:.3e} (> {tol:.0e}); "
             "not timing implementations that compute different things"
         )
@@ -465,7 +467,7 @@ def estimate_max_batch(
         yb = torch.randint(0, max(model.config.num_classes, 1), (batch,), device=device)
         step = make_step(model, cfg, xb.to(_param_dtype(cfg)), yb, device)
         step()  # warm-up: optimizer state, compiled kernels
-        return measure_step_memory(step, device)
+        return measure_step_memory(step, device, reset_cpu_peak=True)
 
     if device.type == "cuda":
 

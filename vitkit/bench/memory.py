@@ -17,12 +17,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import UserError
+
 
 def parse_bytes(text: str) -> int:
     """'8GB', '512MiB', '1.5G', '1000000' -> bytes (GB and GiB both mean 2**30 here, as memory sizes usually do)."""
     match = re.fullmatch(r"\s*([\d.]+)\s*([KMGT]?)(i?B)?\s*", str(text), re.IGNORECASE)
     if not match:
-        raise ValueError(f"memory size {text!r}: expected a number with an optional unit, e.g. '8GB' or '512MiB'")
+        raise UserError(f"memory size {text!r}: expected a number with an optional unit, e.g. '8GB' or '512MiB'")
     scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[match.group(2).upper()]
     return int(float(match.group(1)) * scale)
 
@@ -52,8 +54,13 @@ def memory_method(device: torch.device) -> str:
     return "not measured on this platform (needs CUDA or Linux /proc)"
 
 
-def measure_step_memory(step: Callable[[], Any], device: torch.device) -> int | None:
-    """Bytes one call of step needs above what is already resident (see memory_method for how)."""
+def measure_step_memory(step: Callable[[], Any], device: torch.device, reset_cpu_peak: bool = False) -> int | None:
+    """Bytes one call of step needs above what is already resident (see memory_method for how).
+
+    On the CPU the measurement resets the process's peak resident set through /proc/self/clear_refs and hands
+    freed heap back to the system: process-wide acts, done only when the caller asks (``reset_cpu_peak``, as
+    the benchmark does); otherwise None there.
+    """
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         before = torch.cuda.memory_allocated(device)
@@ -61,6 +68,8 @@ def measure_step_memory(step: Callable[[], Any], device: torch.device) -> int | 
         step()
         torch.cuda.synchronize(device)
         return torch.cuda.max_memory_allocated(device) - before
+    if not reset_cpu_peak:
+        return None
     try:
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap back, so the baseline is what is live

@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from .native import atomic_write, atomic_write_text, load_tensor_file
+from ..errors import UserError, UserFileNotFoundError
+from ..io import atomic_write, atomic_write_text
+from .native import load_tensor_file
 
 if TYPE_CHECKING:  # transformers is a development / benchmark dependency, imported only when used
     import transformers
@@ -98,12 +100,12 @@ def read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     directory = path if path.is_dir() else path.parent
     cfg_path = directory / CONFIG_NAME
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"{cfg_path}: missing; a Hugging Face ViT checkpoint needs {CONFIG_NAME}")
+        raise UserFileNotFoundError(f"{cfg_path}: missing; a Hugging Face ViT checkpoint needs {CONFIG_NAME}")
     config = json.loads(cfg_path.read_text())
     weights = path if path.is_file() and path.name != CONFIG_NAME else None
     weights = weights or next((directory / n for n in WEIGHT_NAMES if (directory / n).is_file()), None)
     if weights is None:
-        raise FileNotFoundError(f"{directory}: no weights; expected one of {', '.join(WEIGHT_NAMES)}")
+        raise UserFileNotFoundError(f"{directory}: no weights; expected one of {', '.join(WEIGHT_NAMES)}")
     return config, load_tensor_file(weights)
 
 
@@ -111,7 +113,7 @@ def hf_config_to_vitkit(config: dict[str, Any], state: dict[str, torch.Tensor]) 
     """ViTConfig fields for an HF config; whether there is a pooler / classifier is read from the weights."""
     act = config.get("hidden_act", "gelu")
     if act not in HF_ACTS:
-        raise ValueError(f"HF config hidden_act={act!r}: expected one of {sorted(HF_ACTS)}")
+        raise UserError(f"HF config hidden_act={act!r}: expected one of {sorted(HF_ACTS)}")
     src = {_strip(k): v for k, v in state.items()}
     return dict(
         arch="vit",
@@ -186,13 +188,13 @@ def hf_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def _check_exportable(model: nn.Module) -> None:
     cfg = model.config
     if getattr(cfg, "arch", None) != "vit":
-        raise ValueError(f"only VisionTransformer models convert to Hugging Face ViT, not {type(model).__name__}")
+        raise UserError(f"only VisionTransformer models convert to Hugging Face ViT, not {type(model).__name__}")
     if cfg.classifier != "token":
-        raise ValueError("Hugging Face ViT has no global-average-pooling classifier: cannot export a 'gap' model")
+        raise UserError("Hugging Face ViT has no global-average-pooling classifier: cannot export a 'gap' model")
     if cfg.resnet_layers is not None:
-        raise ValueError("Hugging Face ViT has no ResNet stem: cannot export a hybrid model")
+        raise UserError("Hugging Face ViT has no ResNet stem: cannot export a hybrid model")
     if cfg.pos_embed != "learned":
-        raise ValueError(f"Hugging Face ViT has learned 1-D position embeddings only, not pos_embed={cfg.pos_embed!r}")
+        raise UserError(f"Hugging Face ViT has learned 1-D position embeddings only, not pos_embed={cfg.pos_embed!r}")
 
 
 def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> transformers.ViTConfig:
@@ -235,11 +237,11 @@ def vitkit_to_hf(
     cfg = model.config
     _check_exportable(model)
     if layout not in LAYOUTS:
-        raise ValueError(f"layout={layout!r}: expected one of {sorted(LAYOUTS)}")
+        raise UserError(f"layout={layout!r}: expected one of {sorted(LAYOUTS)}")
     if cfg.patch_size[0] != cfg.patch_size[1]:
-        raise ValueError(f"Hugging Face ViT needs square patches, got patch_size={cfg.patch_size}")
+        raise UserError(f"Hugging Face ViT needs square patches, got patch_size={cfg.patch_size}")
     if cfg.representation_size and cfg.num_classes:
-        raise ValueError(
+        raise UserError(
             "Hugging Face ViT has no classifier after a pre-logits layer (ViTModel's pooler is the pre-logits): "
             "call model.reset_classifier(0, keep_pre_logits=True) to export the features, or drop pre-logits"
         )
@@ -275,9 +277,9 @@ def to_hf_model(model: nn.Module) -> transformers.ViTForImageClassification:
     import transformers
 
     if model.config.representation_size:
-        raise ValueError("ViTForImageClassification has no pre-logits layer: call model.reset_classifier(n) first")
+        raise UserError("ViTForImageClassification has no pre-logits layer: call model.reset_classifier(n) first")
     if not model.config.num_classes:
-        raise ValueError("ViTForImageClassification needs a head: the model has num_classes=0")
+        raise UserError("ViTForImageClassification needs a head: the model has num_classes=0")
     hf_config = hf_config_for(model)
     hf_config._attn_implementation = "eager"
     hf = transformers.ViTForImageClassification(hf_config)

@@ -9,11 +9,13 @@ Each is read into a ``Checkpoint``: a vitkit-named state dict, the config inferr
 of its position embedding and, for vitkit files, their metadata. Loading then adapts it to the target model
 the way the official fine-tuning code does: position embeddings are resampled to the model's token grid,
 a head for another class count (or one after a pre-logits layer the model does not have) is left fresh
-(zero), and any other shape difference is an error naming the key and both shapes.
+(zero), and they are reported. Anything else that does not fit is an error that lists it: a key with
+another shape, weights the model has no place for, parameters the file does not fill. Loading is never
+quietly partial.
 
 Metadata (e.g. class names saved with ``save_pretrained(model, dir, metadata=...)``; for HF directories
-``{"class_names": [...]}`` from a non-placeholder id2label) is attached to the loaded model as
-``model.pretrained_metadata`` and returned by ``load_model(..., return_metadata=True)``.
+``{"class_names": [...]}`` from a non-placeholder id2label) is the report's ``metadata`` and is returned by
+``load_model(..., return_metadata=True)``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..errors import ConfigError, UserError, UserFileNotFoundError
+from ..io import atomic_write
 from ..models.posemb import resample_pos_embed
 from ..models.registry import model_from_config
 from ..models.resnet import ResNetConfig
@@ -65,10 +69,21 @@ class LoadReport:
     resampled: list[str] = field(default_factory=list)  # position embeddings interpolated to the model's grid
     reinitialised: list[str] = field(default_factory=list)  # left as the model's fresh (zero) head
     dropped: list[str] = field(default_factory=list)  # checkpoint keys deliberately not loaded (e.g. pre_logits)
+    metadata: dict[str, Any] = field(default_factory=dict)  # what the checkpoint says about itself (class names...)
 
     @property
     def ok(self) -> bool:
+        """Every parameter of the model was filled and every weight of the file placed (fresh heads aside)."""
         return not self.missing and not self.unexpected
+
+    def mismatch(self) -> str:
+        """One line: what is missing and what is unexpected (the keys, abbreviated)."""
+
+        def some(keys: list[str]) -> str:
+            return ", ".join(keys[:6]) + (f", ... ({len(keys)} in all)" if len(keys) > 6 else "")
+
+        kinds = (("missing", self.missing), ("unexpected", self.unexpected))
+        return "; ".join(f"{name} {some(keys)}" for name, keys in kinds if keys) or "none"
 
     def __str__(self) -> str:
         lines = [f"loaded {self.path} ({self.format})"]
@@ -87,7 +102,7 @@ def detect_format(path: str | Path) -> str:
     """Which of FORMATS a path holds, from names and config.json alone (no weights are read)."""
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file or directory")
+        raise UserFileNotFoundError(f"{path}: no such file or directory")
     if path.is_file() and path.suffix == ".npz":
         return "official"
     if native.is_native(path):
@@ -96,7 +111,7 @@ def detect_format(path: str | Path) -> str:
         return "hf"
     if path.is_file() and path.suffix in timm.SUFFIXES:
         return "timm"
-    raise ValueError(
+    raise UserError(
         f"{path}: unrecognised checkpoint; expected an official .npz, a Hugging Face ViT or vitkit directory "
         f"(config.json + weights), or a timm state dict ({', '.join(timm.SUFFIXES)})"
     )
@@ -107,20 +122,18 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
     try:
         data = np.load(path, allow_pickle=False)
     except ValueError as e:  # numpy takes anything that is neither zip nor .npy for a pickle, and refuses it
-        raise ValueError(
+        raise UserError(
             f"{path}: pickled data (or not an .npz at all); refusing to unpickle it (allow_pickle=False)"
         ) from e
     except (zipfile.BadZipFile, OSError) as e:
-        raise ValueError(f"{path}: not a readable .npz archive ({e})") from None
+        raise UserError(f"{path}: not a readable .npz archive ({e})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
-        raise ValueError(f"{path}: a single array, expected an .npz archive of named parameters")
+        raise UserError(f"{path}: a single array, expected an .npz archive of named parameters")
     with data:
         try:
             return {k: data[k] for k in data.files}
         except ValueError as e:  # ... and object arrays inside an archive on access
-            raise ValueError(
-                f"{path}: contains pickled Python objects; refusing to load it (allow_pickle=False)"
-            ) from e
+            raise UserError(f"{path}: contains pickled Python objects; refusing to load it (allow_pickle=False)") from e
 
 
 def read_checkpoint(path: str | Path, format: str | None = None) -> Checkpoint:
@@ -128,8 +141,8 @@ def read_checkpoint(path: str | Path, format: str | None = None) -> Checkpoint:
     path = Path(path)
     fmt = format or detect_format(path)
     if fmt == "official":
-        params = read_npz(path)
-        return Checkpoint(path, fmt, official.infer_official_config(params), official.official_to_vitkit(params))
+        config, state = official.read_official(read_npz(path))
+        return Checkpoint(path, fmt, config, state)
     if fmt == "hf":
         config, state = hf.read_hf(path)
         return Checkpoint(
@@ -141,7 +154,7 @@ def read_checkpoint(path: str | Path, format: str | None = None) -> Checkpoint:
     if fmt == "vitkit":
         config, state, metadata = native.read_native(path)
         return Checkpoint(path, fmt, config, state, metadata)
-    raise ValueError(f"format={fmt!r}: expected one of {FORMATS}")
+    raise UserError(f"format={fmt!r}: expected one of {FORMATS}")
 
 
 # ------------------------------------------------------------------------------------------------- loading
@@ -171,39 +184,41 @@ def _adapt_vit(model: nn.Module, ckpt: Checkpoint, state: dict[str, torch.Tensor
 
 
 def load_pretrained(
-    model: nn.Module, path: str | Path | Checkpoint, strict: bool = False, format: str | None = None
+    model: nn.Module, path: str | Path | Checkpoint, strict: bool = True, format: str | None = None
 ) -> LoadReport:
     """Load a checkpoint of any supported format into a model built for it, adapting what the paper adapts.
 
     For a ViT: position embeddings are resampled to the model's token grid (official algorithm); pre-logits
-    the model lacks are dropped and the head is then left fresh, as is a head for another class count. Any
-    other shape difference raises ValueError naming the key and both shapes. ResNet models load vitkit files.
-    strict=True also raises when keys are missing or unexpected (fresh heads and drops are deliberate).
-    Sets ``model.pretrained_metadata`` (the checkpoint's metadata, see the module docstring).
+    the model lacks are dropped and the head is then left fresh, as is a head for another class count: the
+    model's own shape is the request for those, and the report lists them. Any other difference is a
+    UserError listing it: a key whose shape differs (with both shapes), parameters of the model the file does
+    not fill (``missing``), weights of the file the model has no place for (``unexpected``). ``strict=False``
+    loads what fits and returns the report with ``ok`` False instead, for callers that inspect it themselves.
+    ResNet models load vitkit files.
     """
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path, format)
     arch = getattr(getattr(model, "config", None), "arch", None)
     if arch not in ("vit", "resnet"):
-        raise ValueError(f"load_pretrained: expected a vitkit VisionTransformer or ResNet, got {type(model).__name__}")
+        raise UserError(f"load_pretrained: expected a vitkit VisionTransformer or ResNet, got {type(model).__name__}")
     if arch != ckpt.config.get("arch", "vit"):
-        raise ValueError(f"{ckpt.path}: holds a {ckpt.config.get('arch', 'vit')!r} model, the target is {arch!r}")
-    report = LoadReport(str(ckpt.path), ckpt.format)
+        raise UserError(f"{ckpt.path}: holds a {ckpt.config.get('arch', 'vit')!r} model, the target is {arch!r}")
+    report = LoadReport(str(ckpt.path), ckpt.format, metadata=dict(ckpt.metadata))
     state = dict(ckpt.state)
     if arch == "vit":
         _adapt_vit(model, ckpt, state, report)
     target = model.state_dict()
     for k, v in state.items():
         if k in target and v.shape != target[k].shape:
-            raise ValueError(
+            raise UserError(
                 f"{ckpt.path}: key {k!r} has shape {tuple(v.shape)} in the checkpoint but {tuple(target[k].shape)} "
                 "in the model"
             )
-    result = model.load_state_dict(state, strict=False)
-    report.missing = [k for k in result.missing_keys if k not in report.reinitialised]
-    report.unexpected = list(result.unexpected_keys)
+    missing = [k for k in target if k not in state and k not in report.reinitialised]
+    report.missing = missing
+    report.unexpected = [k for k in state if k not in target]
     if strict and not report.ok:
-        raise ValueError(str(report))
-    model.pretrained_metadata = ckpt.metadata
+        raise UserError(f"{ckpt.path}: the weights do not fit the model; {report.mismatch()}")
+    model.load_state_dict({k: v for k, v in state.items() if k in target}, strict=False)
     return report
 
 
@@ -213,18 +228,22 @@ def load_model(
     """Build a model from a checkpoint file alone and load it; overrides change the inferred config.
 
     ``load_model("ViT-B_16.npz", img_size=384, num_classes=10)`` gives a 384-px model with resampled position
-    embeddings and a fresh zero head. With return_metadata, returns (model, metadata) (class names etc. from
-    vitkit files); the metadata is also on ``model.pretrained_metadata``.
+    embeddings and a fresh zero head. Loading is strict (see load_pretrained): a config that does not describe
+    the weights (another depth, a missing block) is an error listing the keys. With return_metadata, returns
+    (model, metadata) (class names etc. from vitkit files).
     """
     ckpt = read_checkpoint(path, format)
     arch = ckpt.config.get("arch", "vit")
     known = {f.name for f in fields(ViTConfig if arch == "vit" else ResNetConfig) if f.init}
     unknown = sorted(set(overrides) - known)
     if unknown:
-        raise ValueError(f"load_model: unknown {arch} config field(s) {unknown}; known: {sorted(known)}")
-    model = model_from_config({**ckpt.config, **overrides})
-    load_pretrained(model, ckpt)
-    return (model, ckpt.metadata) if return_metadata else model
+        raise ConfigError(f"load_model: unknown {arch} config field(s) {unknown}; known: {sorted(known)}")
+    try:
+        model = model_from_config({**ckpt.config, **overrides})
+    except ConfigError as e:
+        raise ConfigError(f"{ckpt.path}: {e}") from None
+    report = load_pretrained(model, ckpt)
+    return (model, report.metadata) if return_metadata else model
 
 
 # ---------------------------------------------------------------------------------------------- converting
@@ -239,7 +258,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"override {item!r}: expected key=value (e.g. img_size=384)")
+            raise UserError(f"override {item!r}: expected key=value (e.g. img_size=384)")
         out[key.strip()] = yaml.safe_load(value)
     return out
 
@@ -253,7 +272,7 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", **overrides: A
     (e.g. img_size=384 resamples the position embeddings, num_heads=3 for timm files).
     """
     if to not in TARGETS:
-        raise ValueError(f"to={to!r}: expected one of {TARGETS}")
+        raise UserError(f"to={to!r}: expected one of {TARGETS}")
     model, metadata = load_model(src, return_metadata=True, **overrides)
     dst = Path(dst)
     if to == "vitkit":
@@ -265,7 +284,7 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", **overrides: A
     if to == "timm":
         out = dst if dst.suffix == ".safetensors" else dst / "model.safetensors"
         state = timm.vitkit_to_timm(model)
-        native.atomic_write(out, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+        atomic_write(out, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
         return out
     out = dst if dst.suffix == ".npz" else dst / "model.npz"
     params = official.vitkit_to_official(model)
@@ -274,5 +293,5 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", **overrides: A
         with open(tmp, "wb") as f:  # a file object, so numpy does not append '.npz' to the temp name
             np.savez(f, **params)
 
-    native.atomic_write(out, write_npz)
+    atomic_write(out, write_npz)
     return out

@@ -8,8 +8,6 @@ so an interrupted save never leaves a half-written checkpoint in place of a good
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -17,36 +15,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from ..errors import UserError, UserFileNotFoundError
+from ..io import atomic_write, atomic_write_text
+
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 FORMAT = "vitkit"
-
-
-def atomic_write(path: str | Path, write_fn) -> None:
-    """Call write_fn(tmp_path) and rename the result onto path; the old file stays intact on failure."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        write_fn(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; give it the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def atomic_write_text(path: str | Path, text: str) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def load_tensor_file(path: str | Path) -> dict[str, torch.Tensor]:
@@ -60,12 +34,12 @@ def load_tensor_file(path: str | Path) -> dict[str, torch.Tensor]:
     try:
         state: Any = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError for anything beyond plain tensors and containers, and others
-        raise ValueError(f"{path}: not a plain tensor file loadable with weights_only=True ({e})") from e
+        raise UserError(f"{path}: not a plain tensor file loadable with weights_only=True ({e})") from e
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise ValueError(f"{path}: expected a dict of tensors (optionally under 'state_dict' or 'model')")
+        raise UserError(f"{path}: expected a dict of tensors (optionally under 'state_dict' or 'model')")
     return state
 
 
@@ -99,11 +73,11 @@ def read_native(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
     try:
         doc = json.loads(cfg_path.read_text())
     except FileNotFoundError:
-        raise FileNotFoundError(
+        raise UserFileNotFoundError(
             f"{cfg_path}: missing; a vitkit checkpoint needs {CONFIG_NAME} + {WEIGHTS_NAME}"
         ) from None
     except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_path}: not valid JSON ({e})") from None
+        raise UserError(f"{cfg_path}: not valid JSON ({e})") from None
     if doc.get("format") != FORMAT or "model" not in doc:
-        raise ValueError(f"{cfg_path}: expected a vitkit config with keys 'format': 'vitkit' and 'model'")
+        raise UserError(f"{cfg_path}: expected a vitkit config with keys 'format': 'vitkit' and 'model'")
     return doc["model"], load_file(str(directory / WEIGHTS_NAME)), doc.get("metadata", {})

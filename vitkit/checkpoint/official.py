@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..models.resnet import stem_reduction
+from ..errors import UserError
+from .infer import infer_vit_config
 
 Params = Mapping[str, np.ndarray]
 
@@ -193,86 +194,36 @@ def official_to_vitkit(params: Params) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------- config inference
-def _block_count(p: dict[str, np.ndarray]) -> int:
-    return 1 + max((int(m.group(1)) for k in p if (m := re.match(r"Transformer/encoderblock_(\d+)/", k))), default=-1)
+def read_official(params: Params) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(ViTConfig fields plus arch='vit', vitkit state dict) of an official checkpoint, from names and shapes.
 
-
-def _resnet_layers(p: dict[str, np.ndarray]) -> tuple[int, ...]:
-    """Units per stage from block{s}/unit{u} names; () for a root-only stem."""
-    units: dict[int, int] = {}
-    for k in p:
-        if m := re.match(r"block(\d+)/unit(\d+)/", k):
-            s, u = int(m.group(1)), int(m.group(2))
-            units[s] = max(units.get(s, 0), u)
-    if sorted(units) != list(range(1, len(units) + 1)):
-        raise ValueError(f"official checkpoint: ResNet stages {sorted(units)} are not numbered block1..blockN")
-    return tuple(units[s] for s in sorted(units))
-
-
-def _square_side(n: int, what: str) -> int:
-    side = int(round(n**0.5))
-    if side * side != n:
-        raise ValueError(
-            f"official checkpoint: {what} has {n} grid rows, not a square grid; cannot infer the image size"
-        )
-    return side
-
-
-def infer_official_config(params: Params) -> dict[str, Any]:
-    """ViTConfig fields (plus arch='vit') read from an official checkpoint's names and shapes alone.
-
-    Heads come from the query kernel (D, heads, hd); the token grid from the position embedding (minus the
-    class row when 'cls' exists, as big_vision's top-level pos_embedding never has one); img_size is the
-    grid times the stride (patch size x the ResNet stem's reduction). Unknown structures (a big_vision 'map'
-    head, no patch embedding) are errors rather than guesses.
+    Heads come from the query kernel (D, heads, hd); the rest is read from the renamed weights by
+    ``infer.infer_vit_config``, as for every format without a config; GELU is the official tanh. Unknown
+    structures (a big_vision 'map' head, no patch embedding) are errors rather than guesses.
     """
     p = normalize(params)
     if any(k.startswith("MAPHead") for k in p):
-        raise ValueError("official checkpoint: a big_vision 'map' (attention-pooling) head is not supported")
+        raise UserError("official checkpoint: a big_vision 'map' (attention-pooling) head is not supported")
     required = ("embedding/kernel", "Transformer/encoder_norm/scale", "Transformer/encoderblock_0/mha/query/kernel")
     absent = [k for k in required if k not in p]
     if absent:
-        raise ValueError(
+        raise UserError(
             f"official checkpoint: missing {absent}; not a ViT in the vit_jax / big_vision layout "
             f"(first keys: {sorted(p)[:5]})"
         )
-    kh, kw, in_chs, width = p["embedding/kernel"].shape  # HWIO
+    width = p["embedding/kernel"].shape[-1]  # HWIO
     width_q, heads, head_dim = p["Transformer/encoderblock_0/mha/query/kernel"].shape  # (D, heads, hd)
     if width_q != width or heads * head_dim != width:
-        raise ValueError(
+        raise UserError(
             f"official checkpoint: query kernel {(width_q, heads, head_dim)} does not match the width {width}"
         )
-    cfg: dict[str, Any] = dict(
-        arch="vit",
-        patch_size=(int(kh), int(kw)),
-        in_chans=int(in_chs),
-        width=int(width),
-        depth=_block_count(p),
-        num_heads=int(heads),
-        mlp_dim=int(p["Transformer/encoderblock_0/mlp/Dense_0/kernel"].shape[1]),
-        classifier="token" if "cls" in p else "gap",
-        representation_size=int(p["pre_logits/kernel"].shape[1]) if "pre_logits/kernel" in p else None,
-        num_classes=int(p["head/kernel"].shape[1]) if "head/kernel" in p else 0,
-        resnet_layers=None,
-        ln_eps=1e-6,
-        gelu="tanh",
-    )
-    if "conv_root/kernel" in p:
-        root = p["conv_root/kernel"].shape  # (7, 7, C, 64 * width_factor)
-        cfg["resnet_layers"] = _resnet_layers(p)
-        factor = root[3] / 64
-        cfg["resnet_width"] = int(factor) if factor == int(factor) else factor
-        cfg["in_chans"] = int(root[2])
-    if "Transformer/posembed_input/pos_embedding" in p:
-        rows = p["Transformer/posembed_input/pos_embedding"].shape[1] - (1 if "cls" in p else 0)
-    elif "pos_embedding" in p:
-        rows = p["pos_embedding"].shape[1]
-    else:
-        raise ValueError("official checkpoint: no learned position embedding; cannot infer the token grid")
-    side = _square_side(rows, "the position embedding")
-    reduction = 1 if cfg["resnet_layers"] is None else stem_reduction(cfg["resnet_layers"])
-    cfg["img_size"] = (side * kh * reduction, side * kw * reduction)
-    return cfg
+    state = official_to_vitkit(params)
+    return infer_vit_config(state, "official checkpoint", gelu="tanh", num_heads=int(heads)), state
+
+
+def infer_official_config(params: Params) -> dict[str, Any]:
+    """ViTConfig fields (plus arch='vit') read from an official checkpoint's names and shapes alone."""
+    return read_official(params)[0]
 
 
 # ------------------------------------------------------------------------------------------ vitkit -> official
@@ -307,10 +258,10 @@ def vitkit_to_official(model: torch.nn.Module, naming: str = "released", prefix:
     the class row first when there is a class token.
     """
     if naming not in BLOCK_NAMINGS:
-        raise ValueError(f"naming={naming!r}: expected one of {sorted(BLOCK_NAMINGS)}")
+        raise UserError(f"naming={naming!r}: expected one of {sorted(BLOCK_NAMINGS)}")
     cfg = model.config
     if getattr(cfg, "arch", None) != "vit" or cfg.pos_embed != "learned":
-        raise ValueError("only VisionTransformer models with learned 1-D position embeddings have an official layout")
+        raise UserError("only VisionTransformer models with learned 1-D position embeddings have an official layout")
     names = BLOCK_NAMINGS[naming]
     sd = model.state_dict()
     D, heads = cfg.width, cfg.num_heads

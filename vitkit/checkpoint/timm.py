@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.registry import SIZES
-from ..models.resnet import stem_reduction
+from ..errors import UserError
+from .infer import infer_vit_config
 from .native import load_tensor_file
 
 SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
@@ -40,68 +40,16 @@ def timm_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if any(k.startswith("module.") for k in state) and all(k.startswith("module.") for k in state):
         state = {k[len("module.") :]: v for k, v in state.items()}
     if "fc_norm.weight" in state:
-        raise ValueError(
+        raise UserError(
             "timm checkpoint has fc_norm (LayerNorm after global average pooling); vitkit's GAP normalises the "
             "tokens before pooling as the official code does, so these weights would compute another function"
         )
     return {re.sub(r"^pre_logits\.fc\.", "pre_logits.", k): v for k, v in state.items()}
 
 
-def _stages(state: dict[str, torch.Tensor]) -> tuple[int, ...]:
-    units: dict[int, int] = {}
-    for k in state:
-        if m := re.match(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.", k):
-            units[int(m.group(1))] = max(units.get(int(m.group(1)), 0), int(m.group(2)) + 1)
-    return tuple(units[s] for s in sorted(units))
-
-
-def default_heads(width: int) -> int:
-    """The registry's head count for this width (Ti 3, S 6, B 12, L 16), else width // 64."""
-    for w, _, _, heads in SIZES.values():
-        if w == width:
-            return heads
-    return max(width // 64, 1)
-
-
 def infer_timm_config(state: dict[str, torch.Tensor], num_heads: int | None = None) -> dict[str, Any]:
-    """ViTConfig fields from a (vitkit-named) timm state dict; heads from num_heads or the registry."""
-    if "patch_embed.proj.weight" not in state or "blocks.0.attn.qkv.weight" not in state:
-        raise ValueError(
-            f"timm checkpoint: no patch_embed.proj.weight / blocks.0.attn.qkv.weight; not a timm ViT "
-            f"(first keys: {sorted(state)[:5]})"
-        )
-    width, in_chs, ph, pw = state["patch_embed.proj.weight"].shape
-    depth = 1 + max(int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k)))
-    cfg: dict[str, Any] = dict(
-        arch="vit",
-        patch_size=(ph, pw),
-        in_chans=in_chs,
-        width=width,
-        depth=depth,
-        num_heads=num_heads or default_heads(width),
-        mlp_dim=state["blocks.0.mlp.fc1.weight"].shape[0],
-        classifier="token" if "cls_token" in state else "gap",
-        representation_size=state["pre_logits.weight"].shape[0] if "pre_logits.weight" in state else None,
-        num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
-        ln_eps=1e-6,
-        gelu="exact",
-    )
-    reduction = 1
-    if "patch_embed.backbone.stem.conv.weight" in state:
-        root = state["patch_embed.backbone.stem.conv.weight"]  # (64 * width_factor, C, 7, 7)
-        cfg["resnet_layers"] = _stages(state)
-        factor = root.shape[0] / 64
-        cfg["resnet_width"] = int(factor) if factor == int(factor) else factor
-        cfg["in_chans"] = root.shape[1]
-        reduction = stem_reduction(cfg["resnet_layers"])
-    if "pos_embed" not in state:
-        raise ValueError("timm checkpoint: no pos_embed; cannot infer the token grid")
-    rows = state["pos_embed"].shape[1] - (1 if "cls_token" in state else 0)
-    side = int(round(rows**0.5))
-    if side * side != rows:
-        raise ValueError(f"timm checkpoint: pos_embed has {rows} grid rows, not a square grid")
-    cfg["img_size"] = (side * ph * reduction, side * pw * reduction)
-    return cfg
+    """ViTConfig fields from a (vitkit-named) timm state dict; heads from num_heads or the registry; exact GELU."""
+    return infer_vit_config(state, "timm checkpoint", gelu="exact", num_heads=num_heads)
 
 
 def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -111,7 +59,7 @@ def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
     """
     cfg = model.config
     if getattr(cfg, "arch", None) != "vit" or cfg.pos_embed != "learned":
-        raise ValueError("only VisionTransformer models with learned 1-D position embeddings have a timm layout")
+        raise UserError("only VisionTransformer models with learned 1-D position embeddings have a timm layout")
     return {
         re.sub(r"^pre_logits\.", "pre_logits.fc.", k): v.detach().clone().contiguous()
         for k, v in model.state_dict().items()

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from ..errors import UserError
 from .cifar import load_cifar
 from .config import DataConfig, DatasetInfo
 from .datasets import (
@@ -85,11 +86,11 @@ def build_digits(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDatase
 def build_synthetic(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDataset, DatasetInfo]:
     """Random class templates plus noise (see ``synthetic_images``), split by val_fraction."""
     if cfg.val_fraction <= 0:
-        raise ValueError("data.val_fraction: the synthetic source needs a held-out fraction > 0")
+        raise UserError("data.val_fraction: the synthetic source needs a held-out fraction > 0")
     x, labels = synthetic_images(cfg.synthetic_size, cfg.synthetic_classes, cfg.img_size, cfg.in_chans, cfg.split_seed)
     train_idx, test_idx = stratified_split(labels.tolist(), cfg.val_fraction, cfg.split_seed)
     if not test_idx:
-        raise ValueError(
+        raise UserError(
             f"data.synthetic_size={cfg.synthetic_size} is too small to hold out "
             f"{cfg.val_fraction:.0%} of each of {cfg.synthetic_classes} classes"
         )
@@ -140,10 +141,10 @@ def build_folder(cfg: DataConfig) -> tuple[ImageFolderDataset, ImageFolderDatase
         train_samples = samples
     else:
         if cfg.val_fraction <= 0:
-            raise ValueError(f"{cfg.root}: set data.val_root or a data.val_fraction > 0 to have evaluation images")
+            raise UserError(f"{cfg.root}: set data.val_root or a data.val_fraction > 0 to have evaluation images")
         train_idx, eval_idx = stratified_split([label for _, label in samples], cfg.val_fraction, cfg.split_seed)
         if not eval_idx:
-            raise ValueError(
+            raise UserError(
                 f"{Path(cfg.root)}: too few images to hold out {cfg.val_fraction:.0%} for evaluation "
                 "(every class keeps at least one training image); add images or set data.val_root"
             )

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import UserError, UserFileNotFoundError
+
 SIDE = 32
 SUBFOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 FILES = {
@@ -82,16 +84,16 @@ def load_pickle(path: str | Path) -> Any:
         except UnsafePickleError as e:
             raise UnsafePickleError(f"{path}: {e}" if str(path) not in str(e) else str(e)) from None
         except Exception as e:  # truncated or not a pickle at all
-            raise ValueError(f"{path}: not a readable CIFAR pickle batch ({type(e).__name__}: {e})") from None
+            raise UserError(f"{path}: not a readable CIFAR pickle batch ({type(e).__name__}: {e})") from None
 
 
 def _get(doc: Any, key: bytes, path: Path) -> Any:
     if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a dict, got {type(doc).__name__}")
+        raise UserError(f"{path}: expected a dict, got {type(doc).__name__}")
     for k in (key, key.decode()):  # files re-pickled by Python 3 may use str keys
         if k in doc:
             return doc[k]
-    raise ValueError(f"{path}: missing key {key!r}; found {sorted(map(repr, doc))}")
+    raise UserError(f"{path}: missing key {key!r}; found {sorted(map(repr, doc))}")
 
 
 def read_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
@@ -100,9 +102,9 @@ def read_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
     data = np.asarray(_get(doc, b"data", path))
     labels = np.asarray(_get(doc, label_key, path))
     if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * SIDE * SIDE:
-        raise ValueError(f"{path}: b'data' should be uint8 (N, {3 * SIDE * SIDE}), got {data.dtype} {data.shape}")
+        raise UserError(f"{path}: b'data' should be uint8 (N, {3 * SIDE * SIDE}), got {data.dtype} {data.shape}")
     if labels.shape != (len(data),) or labels.dtype.kind not in "iu":
-        raise ValueError(f"{path}: expected {len(data)} integer labels under {label_key!r}, got {labels.shape}")
+        raise UserError(f"{path}: expected {len(data)} integer labels under {label_key!r}, got {labels.shape}")
     images = data.reshape(-1, 3, SIDE, SIDE).transpose(0, 2, 3, 1)  # (N, 3, 32, 32) -> (N, 32, 32, 3)
     return np.ascontiguousarray(images), labels.astype(np.int64)
 
@@ -111,13 +113,13 @@ def find_cifar_dir(root: str | Path, source: str) -> Path:
     """The directory holding the batch files: ``root`` itself or its standard subfolder."""
     root = Path(root)
     if not root.is_dir():
-        raise FileNotFoundError(f"{root}: {source} directory does not exist")
+        raise UserFileNotFoundError(f"{root}: {source} directory does not exist")
     train_files, test_files = FILES[source]
     for candidate in (root, root / SUBFOLDERS[source]):
         if all((candidate / name).is_file() for name in train_files + test_files):
             return candidate
     missing = [name for name in train_files + test_files if not (root / name).is_file()]
-    raise FileNotFoundError(
+    raise UserFileNotFoundError(
         f"{root}: not a {source} directory; missing batch files {missing} (also looked in "
         f"{root / SUBFOLDERS[source]}). Expected the python-version archive, extracted."
     )
@@ -126,7 +128,7 @@ def find_cifar_dir(root: str | Path, source: str) -> Path:
 def load_cifar(root: str | Path, source: str) -> dict[str, Any]:
     """{"train": (images, labels), "test": (images, labels), "class_names": [str]} for cifar10 / cifar100."""
     if source not in FILES:
-        raise ValueError(f"source: expected one of {sorted(FILES)}, got {source!r}")
+        raise UserError(f"source: expected one of {sorted(FILES)}, got {source!r}")
     directory = find_cifar_dir(root, source)
     train_files, test_files = FILES[source]
     splits = {}
@@ -136,12 +138,12 @@ def load_cifar(root: str | Path, source: str) -> dict[str, Any]:
     num_classes = NUM_CLASSES[source]
     for split, (_, labels) in splits.items():
         if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
-            raise ValueError(f"{directory}: {split} labels outside 0..{num_classes - 1}")
+            raise UserError(f"{directory}: {split} labels outside 0..{num_classes - 1}")
     meta_name, names_key = META[source]
     class_names = [str(i) for i in range(num_classes)]
     if (directory / meta_name).is_file():
         names = _get(load_pickle(directory / meta_name), names_key, directory / meta_name)
         class_names = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
         if len(class_names) != num_classes:
-            raise ValueError(f"{directory / meta_name}: expected {num_classes} class names, got {len(class_names)}")
+            raise UserError(f"{directory / meta_name}: expected {num_classes} class names, got {len(class_names)}")
     return {"train": splits["train"], "test": splits["test"], "class_names": class_names}

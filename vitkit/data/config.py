@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from ..errors import UserError
 from .transforms import AUGMENTS, channel_stats, check_augment
 
 SOURCES = ("digits", "folder", "cifar10", "cifar100", "synthetic")
@@ -58,7 +59,7 @@ class DataConfig:
     def resolve(self) -> DataConfig:
         """A copy with every ``None`` replaced by the source default, validated."""
         if self.source not in SOURCES:
-            raise ValueError(f"data.source: expected one of {SOURCES}, got {self.source!r}")
+            raise UserError(f"data.source: expected one of {SOURCES}, got {self.source!r}")
         filled = {k: v for k, v in SOURCE_DEFAULTS[self.source].items() if getattr(self, k) is None}
         cfg = replace(self, **filled)
         cfg.validate()
@@ -66,19 +67,19 @@ class DataConfig:
 
     def validate(self) -> None:
         if self.source in ("folder", "cifar10", "cifar100") and not self.root:
-            raise ValueError(f"data.root: required for source {self.source!r} (the directory holding the data)")
+            raise UserError(f"data.root: required for source {self.source!r} (the directory holding the data)")
         if self.img_size is not None and self.img_size < 1:
-            raise ValueError(f"data.img_size: expected a positive integer, got {self.img_size}")
+            raise UserError(f"data.img_size: expected a positive integer, got {self.img_size}")
         if self.in_chans is not None and self.in_chans not in (1, 3):
-            raise ValueError(f"data.in_chans: expected 1 or 3, got {self.in_chans}")
+            raise UserError(f"data.in_chans: expected 1 or 3, got {self.in_chans}")
         if self.train_augment is not None:
             check_augment(self.train_augment, self.crop_area_min, self.shift_pixels or 0)
         if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"data.val_fraction: expected a value in [0, 1), got {self.val_fraction}")
+            raise UserError(f"data.val_fraction: expected a value in [0, 1), got {self.val_fraction}")
         if not 0.0 < self.eval_crop_fraction <= 1.0:
-            raise ValueError(f"data.eval_crop_fraction: expected a value in (0, 1], got {self.eval_crop_fraction}")
+            raise UserError(f"data.eval_crop_fraction: expected a value in (0, 1], got {self.eval_crop_fraction}")
         if self.num_workers < 0:
-            raise ValueError(f"data.num_workers: expected >= 0, got {self.num_workers}")
+            raise UserError(f"data.num_workers: expected >= 0, got {self.num_workers}")
         chans = self.in_chans or 3
         channel_stats(self.mean, chans, "mean")
         channel_stats(self.std, chans, "std")
@@ -91,7 +92,7 @@ class DataConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"data: unknown keys {unknown}; expected some of {sorted(known)}")
+            raise UserError(f"data: unknown keys {unknown}; expected some of {sorted(known)}")
         return cls(**d)
 
 

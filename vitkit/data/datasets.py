@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch.utils.data import Dataset
 
+from ..errors import UserError, UserFileNotFoundError
 from .transforms import augment_images, check_augment, load_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
@@ -51,7 +52,7 @@ class TensorImageDataset(Dataset):
         fill: float | Sequence[float] = 0.0,
     ) -> None:
         if images.ndim != 4 or labels.shape != (images.shape[0],):
-            raise ValueError(
+            raise UserError(
                 f"expected images (N, C, H, W) and labels (N,), got {tuple(images.shape)} and {tuple(labels.shape)}"
             )
         check_augment(augment, crop_area_min, shift_pixels)
@@ -85,7 +86,7 @@ class ArrayImageDataset(Dataset):
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Callable[[Image.Image], torch.Tensor]):
         if images.ndim != 4 or images.shape[-1] != 3 or images.dtype != np.uint8 or len(labels) != len(images):
-            raise ValueError(
+            raise UserError(
                 f"expected uint8 images (N, H, W, 3) and N labels, got {images.dtype} "
                 f"{images.shape} and {len(labels)} labels"
             )
@@ -109,7 +110,7 @@ class ImageFolderDataset(Dataset):
         skip_corrupt: bool = False,
     ) -> None:
         if not samples:
-            raise ValueError("ImageFolderDataset: no samples")
+            raise UserError("ImageFolderDataset: no samples")
         self.samples = list(samples)
         self.transform = transform
         self.skip_corrupt = skip_corrupt
@@ -137,11 +138,11 @@ class ImageFolderDataset(Dataset):
                 img = load_image(path)
             except (ValueError, FileNotFoundError) as e:
                 if not self.skip_corrupt:
-                    raise ValueError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
+                    raise UserError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
                 self._skip(i, e)
                 continue
             return self.transform(img), label
-        raise ValueError(
+        raise UserError(
             f"{self.samples[0][0].parent.parent}: none of the {len(self.samples)} images could be read (all skipped)"
         )
 
@@ -153,7 +154,7 @@ class ImageFolderDataset(Dataset):
                 load_image(path)
             except (ValueError, FileNotFoundError) as e:
                 if not self.skip_corrupt:
-                    raise ValueError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
+                    raise UserError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
                 self._skip(i, e)
                 bad.append(path)
         return bad
@@ -177,17 +178,17 @@ def scan_image_folder(root: str | Path, class_names: Sequence[str] | None = None
     """
     root = Path(root)
     if not root.exists():
-        raise FileNotFoundError(f"{root}: data directory does not exist")
+        raise UserFileNotFoundError(f"{root}: data directory does not exist")
     if not root.is_dir():
-        raise ValueError(f"{root}: expected a directory of class folders, found a file")
+        raise UserError(f"{root}: expected a directory of class folders, found a file")
     folders = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not folders:
-        raise ValueError(f"{root}: no class folders; expected {root}/<class name>/<image files>")
+        raise UserError(f"{root}: no class folders; expected {root}/<class name>/<image files>")
     if class_names is None:
         class_names = [p.name for p in folders]
     unknown = [p.name for p in folders if p.name not in class_names]
     if unknown:
-        raise ValueError(f"{root}: class folders {unknown} are not among the training classes {list(class_names)}")
+        raise UserError(f"{root}: class folders {unknown} are not among the training classes {list(class_names)}")
     index = {name: i for i, name in enumerate(class_names)}
     samples = []
     for folder in folders:
@@ -199,7 +200,7 @@ def scan_image_folder(root: str | Path, class_names: Sequence[str] | None = None
             and not any(part.startswith(".") for part in p.relative_to(folder).parts)
         )
         if not files:
-            raise ValueError(
+            raise UserError(
                 f"{folder}: class folder has no images (expected files ending in {', '.join(IMAGE_EXTENSIONS)})"
             )
         samples += [(path, index[folder.name]) for path in files]
@@ -214,7 +215,7 @@ def stratified_split(labels: Sequence[int], fraction: float, seed: int = 0) -> t
     Uses a private torch.Generator, never the global RNG, so the split does not depend on what ran before.
     """
     if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"data.val_fraction: expected a value in [0, 1), got {fraction}")
+        raise UserError(f"data.val_fraction: expected a value in [0, 1), got {fraction}")
     labels_t = torch.as_tensor(list(labels), dtype=torch.long)
     classes = sorted(set(labels_t.tolist()))
     counts = {c: int((labels_t == c).sum()) for c in classes}
@@ -245,9 +246,7 @@ def synthetic_images(num_images: int, num_classes: int, img_size: int, in_chans:
     through the classes so every class is present.
     """
     if num_images < 1 or num_classes < 1:
-        raise ValueError(
-            f"data.synthetic_size and data.synthetic_classes must be >= 1, got {num_images}, {num_classes}"
-        )
+        raise UserError(f"data.synthetic_size and data.synthetic_classes must be >= 1, got {num_images}, {num_classes}")
     gen = torch.Generator().manual_seed(seed)
     coarse = torch.rand(num_classes, in_chans, 4, 4, generator=gen)  # (K, C, 4, 4)
     templates = F.interpolate(coarse, size=(img_size, img_size), mode="bilinear", align_corners=False)

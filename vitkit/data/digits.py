@@ -28,6 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import UserError, UserFileNotFoundError
 from .datasets import stratified_split
 
 DIGITS_PATH = Path(__file__).with_name("digits.npz")
@@ -43,12 +44,12 @@ def load_digits_arrays(path: str | Path = DIGITS_PATH) -> tuple[np.ndarray, np.n
         with np.load(path, allow_pickle=False) as z:
             images, labels, test_mask = z["images"], z["labels"], z["test_mask"]
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: the digits data file is missing from the package") from None
+        raise UserFileNotFoundError(f"{path}: the digits data file is missing from the package") from None
     except KeyError as e:
-        raise ValueError(f"{path}: expected arrays images, labels, test_mask ({e})") from None
+        raise UserError(f"{path}: expected arrays images, labels, test_mask ({e})") from None
     n = len(images)
     if images.shape != (n, NATIVE_SIZE, NATIVE_SIZE) or labels.shape != (n,) or test_mask.shape != (n,):
-        raise ValueError(
+        raise UserError(
             f"{path}: unexpected shapes images {images.shape}, labels {labels.shape}, test_mask {test_mask.shape}"
         )
     return images, labels.astype(np.int64), test_mask.astype(bool)
@@ -70,7 +71,7 @@ def write_digits_npz(path: str | Path = DIGITS_PATH) -> None:
     bunch = load_digits()
     images = bunch.images.astype(np.uint8)  # float 0..16 integers -> uint8
     if not np.array_equal(images, bunch.images) or images.shape != (NUM_IMAGES, NATIVE_SIZE, NATIVE_SIZE):
-        raise ValueError("scikit-learn's load_digits no longer returns 1797 8x8 integer images")
+        raise UserError("scikit-learn's load_digits no longer returns 1797 8x8 integer images")
     labels = bunch.target.astype(np.uint8)
     _, test_idx = stratified_split(labels.tolist(), TEST_FRACTION, SPLIT_SEED)
     test_mask = np.zeros(len(labels), dtype=bool)

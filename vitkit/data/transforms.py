@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps
 
+from ..errors import UserError, UserFileNotFoundError
+
 AUGMENTS = ("inception_crop", "shift", "none")
 ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
 CROP_ATTEMPTS = 10  # boxes drawn per image; if none fits, the whole image is used (tf's sampler does the same)
@@ -46,9 +48,9 @@ def load_image(path: str | Path) -> Image.Image:
             img = ImageOps.exif_transpose(img)
             return to_rgb(img)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: image file not found") from None
+        raise UserFileNotFoundError(f"{path}: image file not found") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
-        raise ValueError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+        raise UserError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -83,9 +85,9 @@ def channel_stats(value: float | Sequence[float], in_chans: int, name: str, wher
     if len(values) == 1:
         values = values * in_chans
     if len(values) != in_chans:
-        raise ValueError(f"{where}.{name}: expected one value or {in_chans} (one per channel), got {list(values)}")
+        raise UserError(f"{where}.{name}: expected one value or {in_chans} (one per channel), got {list(values)}")
     if name == "std" and any(v <= 0 for v in values):
-        raise ValueError(f"{where}.std: every value must be > 0, got {values}")
+        raise UserError(f"{where}.std: every value must be > 0, got {values}")
     return values
 
 
@@ -110,7 +112,7 @@ def _to_mode(img: Image.Image, in_chans: int) -> Image.Image:
         return img.convert("L")
     if in_chans == 3:
         return to_rgb(img)
-    raise ValueError(f"in_chans: images can be loaded with 1 or 3 channels, got {in_chans}")
+    raise UserError(f"in_chans: images can be loaded with 1 or 3 channels, got {in_chans}")
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def eval_transform(
     in_chans defaults to the length of ``mean`` when it is a sequence, else 3; 1 converts to grayscale.
     """
     if not 0.0 < crop_fraction <= 1.0:
-        raise ValueError(f"crop_fraction: expected a value in (0, 1], got {crop_fraction}")
+        raise UserError(f"crop_fraction: expected a value in (0, 1], got {crop_fraction}")
     chans = _infer_chans(mean, in_chans)
     mean_c, std_c = channel_stats(mean, chans, "mean"), channel_stats(std, chans, "std")
     return EvalTransform(img_size, tuple(mean_c), tuple(std_c), crop_fraction)
@@ -202,11 +204,11 @@ def train_transform(
 
 def check_augment(augment: str, crop_area_min: float, shift_pixels: int) -> None:
     if augment not in AUGMENTS:
-        raise ValueError(f"data.train_augment: expected one of {AUGMENTS}, got {augment!r}")
+        raise UserError(f"data.train_augment: expected one of {AUGMENTS}, got {augment!r}")
     if not 0.0 < crop_area_min <= 1.0:
-        raise ValueError(f"data.crop_area_min: expected a value in (0, 1], got {crop_area_min}")
+        raise UserError(f"data.crop_area_min: expected a value in (0, 1], got {crop_area_min}")
     if shift_pixels < 0:
-        raise ValueError(f"data.shift_pixels: expected >= 0, got {shift_pixels}")
+        raise UserError(f"data.shift_pixels: expected >= 0, got {shift_pixels}")
 
 
 def black_level(mean: Sequence[float], std: Sequence[float]) -> list[float]:

@@ -23,6 +23,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..errors import UserError
+
 BIAS_CONSTANT = 100.0
 STD_EPS = 1e-5
 DEFAULT_SHOTS = (1, 5, 10, 25)
@@ -92,7 +94,7 @@ def ridge_regression(x: torch.Tensor, y: torch.Tensor, l2: float) -> torch.Tenso
     at a fraction of the cost when there are far fewer examples than features, as in few-shot evaluation.
     """
     if l2 <= 0:
-        raise ValueError(f"ridge_regression: l2 must be positive, got {l2}")
+        raise UserError(f"ridge_regression: l2 must be positive, got {l2}")
     n, d = x.shape
     if n >= d:
         gram = x.T @ x + l2 * torch.eye(d, dtype=x.dtype, device=x.device)  # (d, d)
@@ -124,7 +126,7 @@ def sample_shots(labels: torch.Tensor, num_classes: int, shots: Sequence[int], s
     for c in range(num_classes):
         idx = torch.nonzero(labels == c).flatten()
         if idx.numel() < max(shots):
-            raise ValueError(
+            raise UserError(
                 f"few-shot: class {c} has {idx.numel()} training examples, fewer than the {max(shots)} shots asked"
             )
         per_class.append(idx[torch.randperm(idx.numel(), generator=gen)])
@@ -148,18 +150,18 @@ def fewshot_from_features(
     train_x, test_x = torch.as_tensor(train_x).double(), torch.as_tensor(test_x).double()
     train_y, test_y = torch.as_tensor(train_y).long(), torch.as_tensor(test_y).long()
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
-        raise ValueError(
+        raise UserError(
             f"few-shot: features must be (N, d) with the same d, got train {tuple(train_x.shape)} "
             f"and test {tuple(test_x.shape)}"
         )
     if len(train_x) != len(train_y) or len(test_x) != len(test_y):
-        raise ValueError(
+        raise UserError(
             f"few-shot: {len(train_x)} train features vs {len(train_y)} labels, "
             f"{len(test_x)} test features vs {len(test_y)} labels"
         )
     shots = sorted({int(k) for k in shots})
     if not shots or shots[0] < 1:
-        raise ValueError(f"few-shot: shots must be positive integers, got {shots}")
+        raise UserError(f"few-shot: shots must be positive integers, got {shots}")
     seed_list = list(range(seeds)) if isinstance(seeds, int) else [int(s) for s in seeds]
     if num_classes is None:
         num_classes = int(max(train_y.max(), test_y.max())) + 1
@@ -176,7 +178,7 @@ def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
         images, labels = data
         if len(images) != len(labels):
-            raise ValueError(f"few-shot: {len(images)} images but {len(labels)} labels")
+            raise UserError(f"few-shot: {len(images)} images but {len(labels)} labels")
         for i in range(0, len(images), batch_size):
             yield images[i : i + batch_size], labels[i : i + batch_size]
         return
@@ -207,7 +209,7 @@ def extract_features(
     finally:
         model.train(was_training)
     if not feats:
-        raise ValueError("few-shot: the dataset is empty")
+        raise UserError("few-shot: the dataset is empty")
     return torch.cat(feats), torch.cat(labels)
 
 

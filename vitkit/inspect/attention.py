@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UserError
+
 Attention = torch.Tensor | Sequence[torch.Tensor]  # (L, B, nh, N, N) or L x (B, nh, N, N)
 
 
@@ -32,7 +34,7 @@ class AttentionRecord:
 
 def _check_vit(model: nn.Module) -> None:
     if not hasattr(model, "forward_intermediates") or not hasattr(model, "num_prefix_tokens"):
-        raise ValueError(f"attention inspection needs a VisionTransformer, got {type(model).__name__}")
+        raise UserError(f"attention inspection needs a VisionTransformer, got {type(model).__name__}")
 
 
 @torch.no_grad()
@@ -58,7 +60,7 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 def _stack(attention: Attention) -> torch.Tensor:
     attn = attention if isinstance(attention, torch.Tensor) else torch.stack(list(attention))
     if attn.ndim != 5 or attn.shape[-1] != attn.shape[-2]:
-        raise ValueError(f"attention must be (layers, batch, heads, N, N), got {tuple(attn.shape)}")
+        raise UserError(f"attention must be (layers, batch, heads, N, N), got {tuple(attn.shape)}")
     return attn.float()
 
 
@@ -135,7 +137,7 @@ def mean_attention_distance(
     attn = _stack(attention)
     n = grid[0] * grid[1]
     if attn.shape[-1] != num_prefix_tokens + n:
-        raise ValueError(f"attention has {attn.shape[-1]} tokens but {num_prefix_tokens} + the grid {grid} make {n}")
+        raise UserError(f"attention has {attn.shape[-1]} tokens but {num_prefix_tokens} + the grid {grid} make {n}")
     dist = token_distances(grid, stride).to(attn.device)  # (P, P)
     out = []
     for layer in attn:  # one layer at a time: the float64 copy of all of them can be large
@@ -152,7 +154,7 @@ def attention_distance(model: nn.Module, images: torch.Tensor, batch_size: int =
     (ViT-B/16 at 224 px: 30 MB per image).
     """
     if len(images) == 0:
-        raise ValueError("attention_distance: no images given")
+        raise UserError("attention_distance: no images given")
     total, count = None, 0
     for i in range(0, len(images), batch_size):
         rec = record_attention(model, images[i : i + batch_size])

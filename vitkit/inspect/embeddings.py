@@ -7,6 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import UserError
+
 
 def position_embedding_grid(model: nn.Module) -> torch.Tensor:
     """The position embedding added to each patch token, as (gh, gw, D); the class-token row is left out.
@@ -15,12 +17,12 @@ def position_embedding_grid(model: nn.Module) -> torch.Tensor:
     """
     pos_embed_for = getattr(model, "_pos_embed_for", None)
     if pos_embed_for is None:
-        raise ValueError(f"{type(model).__name__} has no position embedding (only ViTs do)")
+        raise UserError(f"{type(model).__name__} has no position embedding (only ViTs do)")
     gh, gw = model.grid
     with torch.no_grad():
         table = pos_embed_for((gh, gw))
     if table is None:
-        raise ValueError(f"the model has no position embedding (pos_embed={model.config.pos_embed!r})")
+        raise UserError(f"the model has no position embedding (pos_embed={model.config.pos_embed!r})")
     table = table[0, model.num_prefix_tokens :].detach().float().cpu()  # (gh * gw, D)
     return table.reshape(gh, gw, -1)
 
@@ -44,9 +46,9 @@ def patch_filter_components(model: nn.Module, num_components: int = 28) -> tuple
     """
     embed = getattr(model, "patch_embed", None)
     if embed is None:
-        raise ValueError(f"{type(model).__name__} has no patch embedding (only ViTs do)")
+        raise UserError(f"{type(model).__name__} has no patch embedding (only ViTs do)")
     if embed.backbone is not None:
-        raise ValueError(
+        raise UserError(
             "hybrid model: its patch embedding projects ResNet feature maps (1x1 patches in the paper), not pixels"
         )
     w = embed.proj.weight.detach().double().cpu()  # (D, C, P, P)

@@ -14,7 +14,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from ..checkpoint.native import atomic_write
+from ..io import atomic_write
 
 DPI = 120
 
@@ -156,11 +156,19 @@ def plot_attention_distance(
 
 
 # ---------------------------------------------------------------------------------------------- Fig 6 / 14
+ROLLOUT_ALPHA = 0.6  # opacity of the rollout colours blended onto the image
+
+
 def plot_rollout(image: np.ndarray, heat: np.ndarray, path: str | Path, title: str = "") -> Path:
     """Input image, attention rollout overlaid as a heat map, and the image weighted by the rollout (Fig 6).
 
     image: (H, W, C) in [0, 1]; heat: (H, W) rollout upsampled to the image, any non-negative scale.
     """
+    return _save(rollout_figure(image, heat, title), path)
+
+
+def rollout_figure(image: np.ndarray, heat: np.ndarray, title: str = "") -> Figure:
+    """The figure plot_rollout writes (arguments as there)."""
     img, cmap = _display_image(image)
     heat = np.asarray(heat, dtype=np.float64)
     heat = heat / heat.max() if heat.max() > 0 else heat  # share of the strongest location
@@ -169,7 +177,11 @@ def plot_rollout(image: np.ndarray, heat: np.ndarray, path: str | Path, title: s
     axes[0].imshow(img, cmap=cmap, vmin=0, vmax=1)
     axes[0].set_title("Input")
     axes[1].imshow(img, cmap=cmap, vmin=0, vmax=1)
-    im = axes[1].imshow(heat, cmap="inferno", alpha=0.6, vmin=0, vmax=1)
+    # The overlay's colours and the colour bar come from this one mapping. The overlay is drawn as those colours
+    # (alpha applied to it alone): a bar built from a translucent image would copy its alpha and show the
+    # scale faded over white, which matches nothing on the image.
+    heat_colors = mpl.cm.ScalarMappable(norm=mpl.colors.Normalize(0, 1), cmap="inferno")
+    axes[1].imshow(heat_colors.to_rgba(heat), alpha=ROLLOUT_ALPHA)
     axes[1].set_title("Attention rollout")
     weighted = img * (heat if img.ndim == 2 else heat[..., None])
     axes[2].imshow(weighted, cmap=cmap, vmin=0, vmax=1)
@@ -177,10 +189,10 @@ def plot_rollout(image: np.ndarray, heat: np.ndarray, path: str | Path, title: s
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])
-    fig.colorbar(im, ax=axes, fraction=0.02, pad=0.02, label="Rollout (share of max)")
+    fig.colorbar(heat_colors, ax=axes, fraction=0.02, pad=0.02, label="Rollout (share of max)")
     if title:
         fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return fig
 
 
 def plot_attention_maps(maps: np.ndarray, path: str | Path, title: str = "", what: str = "") -> Path:

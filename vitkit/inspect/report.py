@@ -23,8 +23,9 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..checkpoint.native import atomic_write_text
 from ..data import load_image
+from ..errors import UserError
+from ..io import atomic_write_text
 from ..predict import Preprocessing
 from . import figures
 from .attention import attention_distance, query_attention, record_attention, rollout_map, token_distances, upsample_map
@@ -131,7 +132,7 @@ def write_inspection(
     ``distance_inputs`` (B, C, H, W) when given (the paper uses 128 images), else over ``images``.
     """
     if not hasattr(model, "blocks") or not hasattr(model, "patch_embed"):
-        raise ValueError(f"inspect: needs a VisionTransformer, got {type(model).__name__} (no attention to show)")
+        raise UserError(f"inspect: needs a VisionTransformer, got {type(model).__name__} (no attention to show)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.eval()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import asdict, fields
+from dataclasses import fields
 from typing import Any, TypeVar
 
 import torch
 from torch import nn
+
+from ..errors import ConfigError
 
 C = TypeVar("C")
 
@@ -20,11 +23,6 @@ def lecun_normal_(w: torch.Tensor) -> torch.Tensor:
     return nn.init.trunc_normal_(w, std=std, a=-2 * std, b=2 * std)
 
 
-class ConfigError(TypeError, ValueError):
-    """A config field that does not exist or has a wrong value (a TypeError for keyword use, a ValueError for
-    command-line use)."""
-
-
 def check_fields(cls: type, names: Any) -> None:
     """Raise ConfigError naming any of ``names`` that is not an init field of dataclass ``cls``."""
     known = {f.name for f in fields(cls) if f.init}
@@ -34,11 +32,26 @@ def check_fields(cls: type, names: Any) -> None:
 
 
 def replace_config(config: C, overrides: dict[str, Any]) -> C:
-    """A copy of a config dataclass with some fields changed; an unknown field is a clear error."""
+    """A copy of a (frozen) config dataclass with some fields changed; an unknown field is a clear error."""
     check_fields(type(config), overrides)
-    known = {f.name for f in fields(config) if f.init}  # type: ignore[arg-type]
-    values = {k: v for k, v in asdict(config).items() if k in known}  # type: ignore[call-overload]
-    return type(config)(**{**values, **overrides})
+    return dataclasses.replace(config, **overrides)  # type: ignore[type-var]
+
+
+def as_pair(owner: str, name: str, value: Any) -> tuple[int, int]:
+    """An int or a pair of ints (list or tuple, as JSON and YAML give it) -> a pair; anything else a ConfigError."""
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return (value[0], value[1])
+    if isinstance(value, int) and not isinstance(value, bool):
+        return (value, value)
+    raise ConfigError(f"{owner}.{name}={value!r}: expected an int or a pair of ints")
+
+
+def check_positive(owner: str, **values: Any) -> None:
+    """ConfigError unless every value is a positive int (pairs: both entries); bools are not ints here."""
+    for name, value in values.items():
+        items = value if isinstance(value, tuple) else (value,)
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in items):
+            raise ConfigError(f"{owner}.{name}={value!r}: expected a positive integer")
 
 
 def zero_head(in_features: int, num_classes: int) -> nn.Module:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..errors import UserError
+
 Grid = tuple[int, int]
 
 
@@ -12,14 +14,14 @@ def to_2tuple(x: int | tuple[int, int] | list[int]) -> tuple[int, int]:
     if isinstance(x, int):
         return (x, x)
     if len(x) != 2:
-        raise ValueError(f"expected an int or a pair of ints, got {x!r}")
+        raise UserError(f"expected an int or a pair of ints, got {x!r}")
     return (int(x[0]), int(x[1]))
 
 
 def sincos_2d(grid: Grid, dim: int, temperature: float = 10_000.0) -> torch.Tensor:
     """Fixed 2-D sin-cos embedding (as big_vision's posemb_sincos_2d): (gh * gw, dim), rows in raster order."""
     if dim % 4:
-        raise ValueError(f"sincos_2d needs a width divisible by 4, got {dim}")
+        raise UserError(f"sincos_2d needs a width divisible by 4, got {dim}")
     gh, gw = grid
     y, x = torch.meshgrid(torch.arange(gh, dtype=torch.float32), torch.arange(gw, dtype=torch.float32), indexing="ij")
     omega = torch.arange(dim // 4, dtype=torch.float32) / max(dim // 4 - 1, 1)
@@ -45,19 +47,19 @@ def resample_pos_embed(
     The old grid may be non-square; when not given it is taken as the square root of the row count.
     """
     if posemb.ndim != 3 or posemb.shape[0] != 1:
-        raise ValueError(f"position embedding must have shape (1, N, D), got {tuple(posemb.shape)}")
+        raise UserError(f"position embedding must have shape (1, N, D), got {tuple(posemb.shape)}")
     new_grid = to_2tuple(new_grid)
     n_grid = posemb.shape[1] - num_prefix_tokens
     if old_grid is None:
         side = int(round(n_grid**0.5))
         if side * side != n_grid:
-            raise ValueError(
+            raise UserError(
                 f"position embedding has {n_grid} grid rows, not a square: pass old_grid=(rows, cols) explicitly"
             )
         old_grid = (side, side)
     old_grid = to_2tuple(old_grid)
     if old_grid[0] * old_grid[1] != n_grid:
-        raise ValueError(f"old_grid {old_grid} does not match the {n_grid} grid rows of the position embedding")
+        raise UserError(f"old_grid {old_grid} does not match the {n_grid} grid rows of the position embedding")
     if old_grid == new_grid:
         return posemb
     if align_corners is None:

@@ -6,10 +6,13 @@ Hybrids add a ResNet stem (stage depths; () is the root alone) and use a 1x1 pat
 
 from __future__ import annotations
 
+import difflib
+import fnmatch
 from typing import Any
 
 from torch import nn
 
+from ..errors import UserError
 from .common import check_fields
 from .resnet import ResNet, ResNetConfig
 from .vit import VisionTransformer, ViTConfig
@@ -70,35 +73,51 @@ MODELS: dict[str, dict[str, Any]] = {
 
 
 def list_models(pattern: str = "") -> list[str]:
-    """Registered names containing ``pattern``."""
-    return [n for n in MODELS if pattern in n]
+    """Registered names matching ``pattern``: a glob (``vit_b*``, ``*gap``) or, without wildcards, a substring."""
+    if not pattern:
+        return list(MODELS)
+    glob = pattern if any(c in pattern for c in "*?[") else f"*{pattern}*"
+    return [n for n in MODELS if fnmatch.fnmatchcase(n, glob)]
+
+
+def unknown_model(name: str) -> UserError:
+    """The error for a name that is not registered, with the close matches."""
+    close = difflib.get_close_matches(name, list(MODELS), n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(close)}?" if close else "see vitkit.list_models() or `vitkit models`"
+    return UserError(f"unknown model {name!r}; {hint}")
 
 
 _ARCHS = {"vit": (VisionTransformer, ViTConfig), "resnet": (ResNet, ResNetConfig)}
 
 
-def model_from_config(config: dict[str, Any]) -> nn.Module:
-    """Build a model from a plain dict (the ``config.json`` of a saved model); ``arch`` selects the class."""
-    config = dict(config)
-    arch = config.pop("arch", "vit")
-    if arch in _ARCHS:
-        model_cls, config_cls = _ARCHS[arch]
-        check_fields(config_cls, config)
-        return model_cls(config_cls(**config))
-    raise ValueError(f"unknown architecture {arch!r} in model config (expected 'vit' or 'resnet')")
+def config_class(arch: str) -> type:
+    """ViTConfig or ResNetConfig for an ``arch`` value."""
+    if arch not in _ARCHS:
+        raise UserError(f"unknown architecture {arch!r} in model config (expected one of {', '.join(_ARCHS)})")
+    return _ARCHS[arch][1]
 
 
-def create_model(name: str, pretrained: str | None = None, **overrides: Any) -> nn.Module:
-    """A registered model, optionally with overrides (``num_classes=10``, ``img_size=384``, ``dropout=0.1``).
-
-    ``pretrained`` is a checkpoint path in any format ``vitkit.load_pretrained`` reads; its position
-    embeddings are resampled to the model's resolution and, for another class count, the head is fresh.
-    """
+def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
+    """The config of a registered model with some fields changed, checked by the config class itself."""
     if name not in MODELS:
-        raise KeyError(f"unknown model {name!r}; registered models: {', '.join(MODELS)}")
-    model = model_from_config({**MODELS[name], **overrides})
-    if pretrained is not None:
-        from ..checkpoint import load_pretrained
+        raise unknown_model(name)
+    row = dict(MODELS[name])
+    cls = config_class(row.pop("arch"))
+    check_fields(cls, overrides)
+    return cls(**{**row, **overrides})
 
-        load_pretrained(model, pretrained)
-    return model
+
+def model_from_config(config: dict[str, Any] | ViTConfig | ResNetConfig) -> nn.Module:
+    """Build a model from its config, or a plain dict of it (a saved ``config.json``; ``arch`` selects the class)."""
+    if not isinstance(config, dict):
+        return _ARCHS[config.arch][0](config)
+    config = dict(config)
+    cls = config_class(config.pop("arch", "vit"))
+    check_fields(cls, config)
+    return model_from_config(cls(**config))
+
+
+def create_model(name: str, **overrides: Any) -> nn.Module:
+    """A registered model with random (official) initialisation, optionally with config fields changed
+    (``num_classes=10``, ``img_size=384``, ``dropout=0.1``). Weights by name or path: ``vitkit.create_model``."""
+    return model_from_config(model_config(name, **overrides))

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import count_params, lecun_normal_, replace_config, zero_head
-from .posemb import to_2tuple
+from ..errors import ConfigError
+from .common import as_pair, check_positive, count_params, lecun_normal_, replace_config, zero_head
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -160,9 +160,12 @@ class ResNetBackbone(nn.Module):
         return self.stages(self.stem(x))
 
 
-@dataclass
+@dataclass(frozen=True)
 class ResNetConfig:
-    """The BiT ResNet classifier baseline: a backbone, global average pooling and a zero-initialised head."""
+    """The BiT ResNet classifier baseline: a backbone, global average pooling and a zero-initialised head.
+
+    A value, like ViTConfig: checked where it is built, changed with ``dataclasses.replace``.
+    """
 
     layers: tuple[int, ...] = (3, 4, 6, 3)
     width_factor: float = 1
@@ -170,6 +173,17 @@ class ResNetConfig:
     in_chans: int = 3
     img_size: int | tuple[int, int] = 224
     arch: str = field(default="resnet", init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(self.layers))
+        object.__setattr__(self, "img_size", as_pair("ResNetConfig", "img_size", self.img_size))
+        check_positive("ResNetConfig", layers=self.layers, in_chans=self.in_chans, img_size=self.img_size)
+        if not self.layers:
+            raise ConfigError("ResNetConfig.layers=(): expected at least one stage")
+        if not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool) or self.num_classes < 0:
+            raise ConfigError(f"ResNetConfig.num_classes={self.num_classes!r}: expected an integer >= 0 (0: no head)")
+        if not self.width_factor > 0:
+            raise ConfigError(f"ResNetConfig.width_factor={self.width_factor!r}: expected a positive number")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -181,8 +195,6 @@ class ResNet(nn.Module):
     def __init__(self, config: ResNetConfig | None = None, **overrides) -> None:
         super().__init__()
         config = replace_config(config or ResNetConfig(), overrides)
-        config.layers = tuple(config.layers)
-        config.img_size = to_2tuple(config.img_size)
         self.config = config
         self.backbone = ResNetBackbone(config.layers, config.width_factor, config.in_chans)
         self.num_features = self.backbone.out_chs
@@ -200,7 +212,7 @@ class ResNet(nn.Module):
         return self.forward_head(self.forward_features(x))
 
     def reset_classifier(self, num_classes: int) -> None:
-        self.config.num_classes = num_classes
+        self.config = replace_config(self.config, {"num_classes": num_classes})
         self.head = zero_head(self.num_features, num_classes).to(self.backbone.stem.conv.weight.device)
 
     def no_weight_decay(self) -> set[str]:

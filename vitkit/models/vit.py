@@ -10,6 +10,7 @@ a zero-initialised head. Parameter names follow timm's VisionTransformer, so its
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,8 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import count_params, lecun_normal_, replace_config, zero_head
-from .posemb import resample_1d, resample_pos_embed, sincos_2d, to_2tuple
+from ..errors import ConfigError, UserError
+from .common import as_pair, check_positive, count_params, lecun_normal_, replace_config, zero_head
+from .posemb import resample_1d, resample_pos_embed, sincos_2d
 from .resnet import ResNetBackbone, stem_reduction
 
 CLASSIFIERS = ("token", "gap")
@@ -27,20 +29,23 @@ GELUS = ("tanh", "exact")
 ATTN_IMPLS = ("sdpa", "explicit")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ViTConfig:
-    """Everything needed to rebuild a VisionTransformer; serialisable with ``to_dict`` / ``ViTConfig(**d)``."""
+    """Everything needed to rebuild a VisionTransformer; a value (change it with ``dataclasses.replace``).
+
+    Serialisable with ``to_dict`` / ``ViTConfig(**d)``; every field is checked here, where the config is built.
+    """
 
     img_size: int | tuple[int, int] = 224
     patch_size: int | tuple[int, int] = 16
     in_chans: int = 3
-    num_classes: int = 1000
+    num_classes: int = 1000  # 0: no head (forward gives the representation)
     width: int = 768
     depth: int = 12
     num_heads: int = 12
     mlp_dim: int = 3072
     classifier: str = "token"  # "token": class token; "gap": mean of the patch tokens
-    representation_size: int | None = None  # pre-logits Dense + tanh (pretraining head)
+    representation_size: int | None = None  # pre-logits Dense + tanh (pretraining head); None or 0: none
     dropout: float = 0.0
     attn_dropout: float = 0.0
     ln_eps: float = 1e-6
@@ -48,15 +53,32 @@ class ViTConfig:
     pos_embed: str = "learned"  # "learned" (1-D), "learned_2d", "sincos_2d", "none"
     resnet_layers: tuple[int, ...] | None = None  # hybrid stem: None = no stem, () = root only
     resnet_width: float = 1
-    attn_impl: str = "sdpa"  # default attention path: "sdpa" (fused) or "explicit"
+    attn_impl: str = "sdpa"  # the default attention path: "sdpa" (fused) or "explicit"; a call may choose another
     dynamic_img_size: bool = False  # accept other input sizes by resampling position embeddings per call
     arch: str = field(default="vit", init=False)
 
     def __post_init__(self) -> None:
-        self.img_size = to_2tuple(self.img_size)
-        self.patch_size = to_2tuple(self.patch_size)
+        # normalise spellings once, here (lists from JSON/YAML, ints for square sizes); the config stays a value
+        normal = dict(img_size=as_pair("ViTConfig", "img_size", self.img_size))
+        normal["patch_size"] = as_pair("ViTConfig", "patch_size", self.patch_size)
         if self.resnet_layers is not None:
-            self.resnet_layers = tuple(self.resnet_layers)
+            normal["resnet_layers"] = tuple(self.resnet_layers)
+        if self.representation_size == 0:
+            normal["representation_size"] = None
+        for name, value in normal.items():
+            object.__setattr__(self, name, value)
+        self._validate()
+
+    def _validate(self) -> None:
+        check_positive("ViTConfig", img_size=self.img_size, patch_size=self.patch_size, in_chans=self.in_chans)
+        check_positive("ViTConfig", width=self.width, depth=self.depth, num_heads=self.num_heads)
+        check_positive("ViTConfig", mlp_dim=self.mlp_dim)
+        if self.representation_size is not None:
+            check_positive("ViTConfig", representation_size=self.representation_size)
+        if self.resnet_layers:
+            check_positive("ViTConfig", resnet_layers=self.resnet_layers)
+        if not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool) or self.num_classes < 0:
+            raise ConfigError(f"ViTConfig.num_classes={self.num_classes!r}: expected an integer >= 0 (0: no head)")
         for name, value, allowed in (
             ("classifier", self.classifier, CLASSIFIERS),
             ("pos_embed", self.pos_embed, POS_EMBEDS),
@@ -64,9 +86,41 @@ class ViTConfig:
             ("attn_impl", self.attn_impl, ATTN_IMPLS),
         ):
             if value not in allowed:
-                raise ValueError(f"ViTConfig.{name}={value!r}: expected one of {allowed}")
+                raise ConfigError(f"ViTConfig.{name}={value!r}: expected one of {allowed}")
+        for name in ("dropout", "attn_dropout"):
+            rate = getattr(self, name)
+            if not 0.0 <= rate < 1.0:
+                raise ConfigError(f"ViTConfig.{name}={rate!r}: expected a rate in [0, 1)")
+        if not self.ln_eps > 0:
+            raise ConfigError(f"ViTConfig.ln_eps={self.ln_eps!r}: expected a positive number")
+        if not self.resnet_width > 0:
+            raise ConfigError(f"ViTConfig.resnet_width={self.resnet_width!r}: expected a positive number")
         if self.width % self.num_heads:
-            raise ValueError(f"ViTConfig: width {self.width} is not divisible by num_heads {self.num_heads}")
+            raise ConfigError(f"ViTConfig: width {self.width} is not divisible by num_heads {self.num_heads}")
+        if self.pos_embed == "learned_2d" and self.width % 2:
+            raise ConfigError(f"ViTConfig: learned_2d position embeddings need an even width, got {self.width}")
+        if self.pos_embed == "sincos_2d" and self.width % 4:
+            raise ConfigError(f"ViTConfig: sincos_2d position embeddings need a width divisible by 4, got {self.width}")
+        features = self._feature_size()
+        if features[0] < self.patch_size[0] or features[1] < self.patch_size[1]:
+            raise ConfigError(
+                f"ViTConfig: img_size {self.img_size} gives fewer pixels than one {self.patch_size} patch"
+                + ("" if self.resnet_layers is None else f" after the ResNet stem (a {features} feature map)")
+            )
+        if features[0] % self.patch_size[0] or features[1] % self.patch_size[1]:
+            warnings.warn(
+                f"ViTConfig: img_size {self.img_size} is not a multiple of the {self.stride} pixels per token; "
+                "the border that does not fill a patch is dropped",
+                stacklevel=4,
+            )
+
+    def _feature_size(self) -> tuple[int, int]:
+        """What the patch conv sees: the image, or the stem's feature map ('SAME' padding rounds up)."""
+        h, w = self.img_size
+        if self.resnet_layers is not None:
+            r = stem_reduction(self.resnet_layers)
+            h, w = -(-h // r), -(-w // r)
+        return h, w
 
     @property
     def stride(self) -> tuple[int, int]:
@@ -225,8 +279,6 @@ class VisionTransformer(nn.Module):
         if cfg.pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.grid[0] * self.grid[1], D))
         elif cfg.pos_embed == "learned_2d":
-            if D % 2:
-                raise ValueError(f"learned_2d position embeddings need an even width, got {D}")
             self.pos_embed_x = nn.Parameter(torch.zeros(1, self.grid[1], D // 2))
             self.pos_embed_y = nn.Parameter(torch.zeros(1, self.grid[0], D // 2))
         elif cfg.pos_embed == "sincos_2d":
@@ -312,7 +364,7 @@ class VisionTransformer(nn.Module):
     def embed_tokens(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
         """Patch tokens (B, gh * gw, D) -> input tokens (B, N, D): class token, position embedding, dropout."""
         if grid != self.grid and not self.config.dynamic_img_size:
-            raise ValueError(
+            raise UserError(
                 f"input gives a {grid[0]}x{grid[1]} token grid but the model was built for {self.grid[0]}x"
                 f"{self.grid[1]} (img_size={self.config.img_size}): call model.set_image_size(...) or build it "
                 "with dynamic_img_size=True"
@@ -324,16 +376,40 @@ class VisionTransformer(nn.Module):
             x = x + pos
         return self.pos_drop(x)
 
+    def encode(
+        self,
+        x: torch.Tensor,
+        attn_impl: str | None = None,
+        out_tokens: int | None = None,
+        blocks: list[torch.Tensor] | None = None,
+        attention: list[torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Input tokens (B, N, D) through every block and the final LayerNorm: the one block loop.
+
+        ``attn_impl``: "sdpa" or "explicit" for this call (default: the config's). ``out_tokens``: the last block
+        computes only the first out_tokens tokens (its keys and values still come from all). ``blocks`` and
+        ``attention``, when given, receive each block's output and (explicit path) its attention probabilities
+        (B, nh, N, N); asking for attention selects the explicit path.
+        """
+        attn_impl = attn_impl or self.config.attn_impl
+        if attn_impl not in ATTN_IMPLS:
+            raise ConfigError(f"attn_impl={attn_impl!r}: expected one of {ATTN_IMPLS}")
+        explicit = attn_impl == "explicit" or attention is not None
+        last = len(self.blocks) - 1
+        for i, blk in enumerate(self.blocks):
+            if explicit:
+                x, probs = blk.forward_explicit(x)
+                if attention is not None:
+                    attention.append(probs)
+            else:
+                x = blk(x, out_tokens if i == last else None)
+            if blocks is not None:
+                blocks.append(x)
+        return self.norm(x)
+
     def forward_features(self, x: torch.Tensor, attn_impl: str | None = None) -> torch.Tensor:
         """Images -> the final normalised token sequence (B, N, D) (the official 'encoded')."""
-        x = self.embed(x)
-        if (attn_impl or self.config.attn_impl) == "explicit":
-            for blk in self.blocks:
-                x = blk.forward_explicit(x)[0]
-        else:
-            for blk in self.blocks:
-                x = blk(x)
-        return self.norm(x)
+        return self.encode(self.embed(x), attn_impl)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, D) -> (B, D): the class token, or the mean of the patch tokens."""
@@ -346,17 +422,13 @@ class VisionTransformer(nn.Module):
             x = torch.tanh(self.pre_logits(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_impl: str | None = None) -> torch.Tensor:
         """Images -> logits. With class-token pooling the head reads one token, so the last block computes that
         token alone (keys and values still from all): the same logits for about 1/depth less work, in training
         too, as no other token of the last block reaches the loss. The last block's output (and what its hooks
         see) is then (B, 1, D); forward_features and forward_intermediates give every token."""
-        if self.config.classifier != "token" or self.config.attn_impl == "explicit" or not len(self.blocks):
-            return self.forward_head(self.forward_features(x))
-        x = self.embed(x)
-        for blk in self.blocks[:-1]:
-            x = blk(x)
-        return self.forward_head(self.norm(self.blocks[-1](x, out_tokens=1)))
+        out_tokens = 1 if self.config.classifier == "token" else None
+        return self.forward_head(self.encode(self.embed(x), attn_impl, out_tokens))
 
     def forward_intermediates(
         self, x: torch.Tensor, return_attention: bool = False, attn_impl: str | None = None
@@ -373,19 +445,10 @@ class VisionTransformer(nn.Module):
         patches, grid = self.patch_embed.project(x)
         out["patches"] = patches.transpose(1, 2).reshape(patches.shape[0], -1, *grid)  # (B, D, gh, gw)
         out["tokens"] = x = self.embed_tokens(patches, grid)
-        explicit = return_attention or (attn_impl or self.config.attn_impl) == "explicit"
-        blocks, attention = [], []
-        for blk in self.blocks:
-            if explicit:
-                x, probs = blk.forward_explicit(x)
-                attention.append(probs)
-            else:
-                x = blk(x)
-            blocks.append(x)
-        out["blocks"] = blocks
+        out["blocks"] = []
         if return_attention:
-            out["attention"] = attention
-        out["encoded"] = encoded = self.norm(x)
+            out["attention"] = []
+        out["encoded"] = encoded = self.encode(x, attn_impl, blocks=out["blocks"], attention=out.get("attention"))
         out["pooled"] = self.pool(encoded)
         out["pre_logits"] = feats = self.forward_head(encoded, pre_logits=True)
         out["logits"] = self.head(feats)

@@ -1,6 +1,6 @@
 """Training configuration: dataclasses per section, loaded from YAML, with typed ``section.key=value`` overrides.
 
-    model:    which ViT (a registry name) and the fields to change (width, depth, img_size, dropout, ...)
+    model:    a registry name and any field of its model config to change (width, depth, resnet_layers, ...)
     data:     vitkit.data.DataConfig (source, root, split, preprocessing, augmentation)
     optim:    optimizer, lr, weight decay, clipping, label smoothing, global batch and accumulation
     schedule: length (steps or epochs), warmup, decay shape
@@ -17,6 +17,7 @@ import dataclasses
 import difflib
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -25,6 +26,8 @@ from typing import Any
 import yaml
 
 from ..data import DataConfig
+from ..errors import ConfigError, UserError, UserFileNotFoundError
+from ..models.registry import MODELS, config_class, model_config, unknown_model
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
@@ -34,26 +37,19 @@ REQUIRED = "???"  # a config value the user must supply on the command line
 
 @dataclass
 class ModelConfig:
-    """A registry model plus field overrides; ``None`` keeps the registry value (img_size: the data's)."""
+    """A registered model and the fields of its config to change.
+
+    Every field of the row's config class (ViTConfig, or ResNetConfig for a ResNet row) is a key of this
+    section, typed and checked by that class: ``model.resnet_layers=3,4,9``, ``model.gelu=exact``,
+    ``model.ln_eps=1e-12``. Fields left unset keep the registry's values, except ``img_size``, ``in_chans`` and
+    ``num_classes``, which follow the data.
+    """
 
     name: str = "vit_ti16"
-    img_size: int | None = None
-    patch_size: int | None = None
-    width: int | None = None
-    depth: int | None = None
-    num_heads: int | None = None
-    mlp_dim: int | None = None
-    classifier: str | None = None  # "token" or "gap"
-    representation_size: int | None = None  # pre-logits width; 0 or None: no pre-logits layer
-    dropout: float | None = None
-    attn_dropout: float | None = None
-    pos_embed: str | None = None
-    gelu: str | None = None
-    in_chans: int | None = None  # None: the dataset's channel count
+    fields: dict[str, Any] = field(default_factory=dict)
 
-    def overrides(self) -> dict[str, Any]:
-        """The fields to pass to ``create_model`` (those set)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "name" and v is not None}
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, **self.fields}
 
 
 @dataclass
@@ -75,7 +71,7 @@ class OptimConfig:
     def __post_init__(self) -> None:
         _check_choice("optim.name", self.name, OPTIMIZERS)
         if self.batch_size < 1 or self.accum_steps < 1 or self.batch_size % self.accum_steps:
-            raise ValueError(
+            raise UserError(
                 f"optim.batch_size={self.batch_size} must be a positive multiple of optim.accum_steps="
                 f"{self.accum_steps}"
             )
@@ -94,7 +90,7 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         _check_choice("schedule.decay", self.decay, DECAYS)
         if self.steps <= 0 and self.epochs <= 0:
-            raise ValueError("schedule: set schedule.steps or schedule.epochs to a positive number")
+            raise UserError("schedule: set schedule.steps or schedule.epochs to a positive number")
 
 
 @dataclass
@@ -130,7 +126,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return _plain(dataclasses.asdict(self))
+        return _plain({**dataclasses.asdict(self), "model": self.model.to_dict()})
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -139,7 +135,7 @@ class TrainConfig:
 # --------------------------------------------------------------------------------------------- loading
 def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
-        raise ValueError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
+        raise UserError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
 
 
 def _plain(x: Any) -> Any:
@@ -151,10 +147,13 @@ def _plain(x: Any) -> Any:
     return x
 
 
-def _unknown(key: str, known: list[str]) -> ValueError:
-    close = difflib.get_close_matches(key.rsplit(".", 1)[-1], known, n=3)
-    hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(known)}"
-    return ValueError(f"unknown config key {key!r}{hint}")
+def _unknown(key: str, known: list[str]) -> ConfigError:
+    """Unknown ``section.key`` (or section): the close matches, spelled in full as the user would type them."""
+    section, _, name = key.rpartition(".")
+    full = [f"{section}.{k}" if section else k for k in known]
+    close = [full[known.index(c)] for c in difflib.get_close_matches(name, known, n=3)]
+    hint = f"; did you mean {', '.join(close)}?" if close else f"; known keys: {', '.join(full)}"
+    return ConfigError(f"unknown config key {key!r}{hint}")
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -169,28 +168,28 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
                 return _coerce(value, arg, key)
             except ValueError as e:
                 errors.append(str(e))
-        raise ValueError(errors[0] if len(errors) == 1 else f"{key}={value!r}: expected {_type_name(tp)}")
+        raise UserError(errors[0] if len(errors) == 1 else f"{key}={value!r}: expected {_type_name(tp)}")
     if origin is list:
         if isinstance(value, str):
             value = [v for v in value.strip("()[] ").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{key}={value!r}: expected a list ({_type_name(tp)}, e.g. 0.5,0.5,0.5)")
+            raise UserError(f"{key}={value!r}: expected a list ({_type_name(tp)}, e.g. 0.5,0.5,0.5)")
         return [_coerce(v.strip() if isinstance(v, str) else v, args[0], key) for v in value]
     if origin is tuple:
         if isinstance(value, str):
             value = [v for v in value.strip("()[] ").split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
-            raise ValueError(f"{key}={value!r}: expected {_type_name(tp)} (e.g. 0.9,0.999)")
+            raise UserError(f"{key}={value!r}: expected {_type_name(tp)} (e.g. 0.9,0.999)")
         item_types = [args[0]] * len(value) if len(args) == 2 and args[1] is Ellipsis else list(args)
         if len(item_types) != len(value):
-            raise ValueError(f"{key}={value!r}: expected {len(item_types)} values ({_type_name(tp)})")
+            raise UserError(f"{key}={value!r}: expected {len(item_types)} values ({_type_name(tp)})")
         return tuple(_coerce(v.strip() if isinstance(v, str) else v, t, key) for v, t in zip(value, item_types))
     if tp is bool:
         if isinstance(value, bool):
             return value
         if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0", "on", "off"):
             return value.lower() in ("true", "yes", "1", "on")
-        raise ValueError(f"{key}={value!r}: expected a bool (true/false)")
+        raise UserError(f"{key}={value!r}: expected a bool (true/false)")
     if tp is int:
         try:
             number = float(value) if isinstance(value, str) else value
@@ -198,21 +197,21 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             number = None
         if isinstance(number, (int, float)) and not isinstance(number, bool) and float(number).is_integer():
             return int(number)
-        raise ValueError(f"{key}={value!r}: expected an integer")
+        raise UserError(f"{key}={value!r}: expected an integer")
     if tp is float:
         if isinstance(value, bool):
-            raise ValueError(f"{key}={value!r}: expected a number")
+            raise UserError(f"{key}={value!r}: expected a number")
         try:
             return float(value)
         except (TypeError, ValueError):
-            raise ValueError(f"{key}={value!r}: expected a number") from None
+            raise UserError(f"{key}={value!r}: expected a number") from None
     if tp is str:
         if isinstance(value, (str, int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ValueError(f"{key}={value!r}: expected a string")
+        raise UserError(f"{key}={value!r}: expected a string")
     if tp is Any:
         return value
-    raise ValueError(f"{key}: unsupported field type {tp!r}")
+    raise UserError(f"{key}: unsupported field type {tp!r}")
 
 
 def _type_name(tp: Any) -> str:
@@ -236,7 +235,32 @@ def _build_section(cls: type, values: dict[str, Any], section: str) -> Any:
     try:
         return cls(**kwargs)
     except TypeError as e:
-        raise ValueError(f"{section}: {e}") from None
+        raise UserError(f"{section}: {e}") from None
+
+
+def _build_model_section(values: dict[str, Any]) -> ModelConfig:
+    """The model section: ``name``, then fields typed and checked by the named row's config class."""
+    name = _coerce(values.get("name", ModelConfig.name), str, "model.name")
+    if name not in MODELS:
+        raise UserError(f"model.name: {unknown_model(name)}")
+    cls = config_class(MODELS[name]["arch"])
+    types_ = _section_types(cls)
+    fields = {}
+    for key, value in values.items():
+        if key == "name":
+            continue
+        if key not in types_:
+            raise _unknown(f"model.{key}", ["name", *sorted(types_)])
+        if value is None and type(None) not in typing.get_args(types_[key]):
+            continue  # a null for a field that cannot be None means "the registry's value", as older configs wrote it
+        fields[key] = _coerce(value, types_[key], f"model.{key}")
+    with warnings.catch_warnings():  # a border warning is for the model actually built, at the data's size
+        warnings.simplefilter("ignore")
+        try:
+            model_config(name, **fields)
+        except ConfigError as e:
+            raise ConfigError(f"model: {e}") from None
+    return ModelConfig(name, fields)
 
 
 SECTIONS: dict[str, type] = {
@@ -258,20 +282,21 @@ def config_from_dict(doc: dict[str, Any], overrides: list[str] | tuple[str, ...]
         if section not in SECTIONS:
             raise _unknown(section, list(SECTIONS))
         if not isinstance(values, dict):
-            raise ValueError(f"config section {section!r} must be a mapping of key: value, got {values!r}")
+            raise UserError(f"config section {section!r} must be a mapping of key: value, got {values!r}")
         merged[section].update(values)
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
         if not sep or not dot or not name:
-            raise ValueError(f"override {item!r}: expected section.key=value (e.g. optim.lr=3e-4)")
+            raise UserError(f"override {item!r}: expected section.key=value (e.g. optim.lr=3e-4)")
         if section not in SECTIONS:
             raise _unknown(section, list(SECTIONS))
         merged[section][name] = raw.strip()  # a raw string: _coerce types it by the field
     required = [f"{s}.{k}" for s, values in merged.items() for k, v in values.items() if v == REQUIRED]
     if required:
-        raise ValueError(f"{', '.join(required)}: required by this config; pass e.g. {required[0]}=...")
-    return TrainConfig(**{name: _build_section(cls, merged[name], name) for name, cls in SECTIONS.items()})
+        raise UserError(f"{', '.join(required)}: required by this config; pass e.g. {required[0]}=...")
+    sections = {name: _build_section(cls, merged[name], name) for name, cls in SECTIONS.items() if name != "model"}
+    return TrainConfig(model=_build_model_section(merged["model"]), **sections)
 
 
 def shipped_configs() -> dict[str, Path]:
@@ -288,7 +313,9 @@ def resolve_config_path(name_or_path: str) -> Path:
     shipped = shipped_configs()
     if name_or_path in shipped:
         return shipped[name_or_path]
-    raise FileNotFoundError(f"config {name_or_path!r}: no such file, and not a shipped config ({', '.join(shipped)})")
+    raise UserFileNotFoundError(
+        f"config {name_or_path!r}: no such file, and not a shipped config ({', '.join(shipped)})"
+    )
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
@@ -300,13 +327,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from None
+        raise UserError(f"{path}: not valid YAML ({e})") from None
     if doc is not None and not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a mapping of sections (model, data, optim, schedule, run)")
+        raise UserError(f"{path}: expected a mapping of sections (model, data, optim, schedule, run)")
     try:
         cfg = config_from_dict(doc or {}, overrides)
     except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise UserError(f"{path}: {e}") from None
     if cfg.run.name is None:
         cfg.run.name = path.stem
     return cfg

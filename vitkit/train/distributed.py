@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import UserError
+
 
 @dataclass(frozen=True)
 class DistInfo:
@@ -38,12 +40,12 @@ def pick_device(name: str, local_rank: int = 0) -> torch.device:
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise ValueError("run.device=cuda but CUDA is not available; use run.device=cpu or auto")
+            raise UserError("run.device=cuda but CUDA is not available; use run.device=cpu or auto")
         return torch.device("cuda", local_rank)
     try:
         return torch.device(name)
     except RuntimeError:
-        raise ValueError(f"run.device={name!r}: not a torch device (expected auto, cpu, cuda, cuda:N)") from None
+        raise UserError(f"run.device={name!r}: not a torch device (expected auto, cpu, cuda, cuda:N)") from None
 
 
 def setup(device: str = "auto") -> DistInfo:

@@ -29,8 +29,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from ..checkpoint.native import atomic_write_text, save_pretrained
+from ..checkpoint.native import save_pretrained
 from ..data import DatasetInfo, TensorImageDataset, build_datasets
+from ..errors import ConfigError, UserError, UserFileNotFoundError
+from ..io import atomic_write_text
 from ..models import create_model
 from . import distributed as dist_utils
 from .config import TrainConfig
@@ -58,23 +60,20 @@ class TrainResult:
 
 # ------------------------------------------------------------------------------------------------ model
 def build_model(cfg: TrainConfig, info: DatasetInfo) -> nn.Module:
-    """The configured registry model with the dataset's class count, channels and image size."""
-    fields = cfg.model.overrides()
-    img_size = fields.setdefault("img_size", info.img_size)
-    if img_size != info.img_size:
-        raise ValueError(
-            f"model.img_size={img_size} differs from the data's image size {info.img_size}; "
-            "set data.img_size instead (the model follows it)"
-        )
-    in_chans = fields.setdefault("in_chans", info.in_chans)
-    if in_chans != info.in_chans:
-        raise ValueError(f"model.in_chans={in_chans} but the data has {info.in_chans} channel(s) (data.in_chans)")
-    if not fields.get("representation_size"):
-        fields.pop("representation_size", None)
+    """The configured registry model, its image size, channels and classes those of the data."""
+    fields = dict(cfg.model.fields)
+    for key, data_key, value in (
+        ("img_size", "data.img_size", info.img_size),
+        ("in_chans", "data.in_chans", info.in_chans),
+        ("num_classes", "the data's class count", info.num_classes),
+    ):
+        given = fields.setdefault(key, value)
+        if (tuple(given) if isinstance(given, (list, tuple)) else (given, given)) != (value, value):
+            raise UserError(f"model.{key}={given} but the data gives {value} ({data_key}); the model follows the data")
     try:
-        return create_model(cfg.model.name, num_classes=info.num_classes, **fields)
-    except TypeError as e:  # a field the architecture does not have (e.g. width for a ResNet)
-        raise ValueError(f"model: {e}") from None
+        return create_model(cfg.model.name, **fields)
+    except ConfigError as e:
+        raise ConfigError(f"model: {e}") from None
 
 
 # ------------------------------------------------------------------------------------------- evaluation
@@ -115,7 +114,7 @@ def evaluate(
         top1, top5, n = top1 + c1, top5 + c5, n + len(y)
     model.train(was_training)
     if n == 0:
-        raise ValueError("the evaluation set is empty")
+        raise UserError("the evaluation set is empty")
     return {"eval_loss": loss_sum / n, "eval_top1": top1 / n, "eval_top5": top5 / n, "eval_images": n}
 
 
@@ -131,7 +130,7 @@ def choose_run_dir(out_dir: str | Path, name: str, resume: bool) -> Path:
     if resume:
         with_state = [d for d in taken if (d / STATE_NAME).is_file()]
         if not with_state:
-            raise FileNotFoundError(f"run.resume=true but no {STATE_NAME} under {base} or {base}-N to resume")
+            raise UserFileNotFoundError(f"run.resume=true but no {STATE_NAME} under {base} or {base}-N to resume")
         return with_state[-1]
     run_dir = base if not taken else base.parent / f"{name}-{k}"
     run_dir.mkdir(parents=True)
@@ -160,7 +159,7 @@ class Trainer:
         cfg = self.cfg
         self.device = self.dist.device
         if cfg.run.amp == "fp16" and self.device.type != "cuda":
-            raise ValueError("run.amp=fp16 needs CUDA (GradScaler); use run.amp=bf16 on CPU")
+            raise UserError("run.amp=fp16 needs CUDA (GradScaler); use run.amp=bf16 on CPU")
 
         self.train_ds, self.eval_ds, self.info = build_datasets(cfg.data)
         o = cfg.optim
@@ -367,7 +366,7 @@ class Trainer:
         final = self.evaluate()
         self.save()
         if self.dist.is_main and self.cfg.run.plots:
-            plot_metrics(self.metrics.records(), self.run_dir)
+            plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=self.cfg.optim.label_smoothing)
         return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, self.model.num_params())
 
     def close(self) -> None:

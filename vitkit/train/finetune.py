@@ -12,25 +12,17 @@ from pathlib import Path
 
 from torch import nn
 
+from ..errors import UserError
+
 
 def init_from_checkpoint(model: nn.Module, path: str | Path, num_classes: int) -> str:
     """Load path into model for fine-tuning; returns a one-paragraph report of what was adapted."""
     from ..checkpoint.loader import load_pretrained
 
     try:
-        report = load_pretrained(model, path)
-    except (ValueError, FileNotFoundError) as e:
-        raise type(e)(f"run.init_from: {e}") from None
-    if report.missing or report.unexpected:
-
-        def some(keys: list[str]) -> str:
-            return ", ".join(keys[:4]) + (", ..." if len(keys) > 4 else "")
-
-        raise ValueError(
-            f"run.init_from={path}: the checkpoint does not fit the configured model (model.name and fields): "
-            f"{len(report.missing)} key(s) missing ({some(report.missing)}), {len(report.unexpected)} unexpected "
-            f"({some(report.unexpected)}); is it another architecture?"
-        )
+        report = load_pretrained(model, path)  # strict: weights that do not fit are an error listing them
+    except UserError as e:
+        raise type(e)(f"run.init_from: {e} (model.name and its fields describe the model to fine-tune)") from None
     if hasattr(model, "reset_classifier"):
         model.reset_classifier(num_classes)  # a zero head, no pre-logits: the paper's fine-tuning head
     lines = [line.strip() for line in str(report).splitlines()]

@@ -8,12 +8,16 @@ On resume the file is cut back to the resumed step, so it reads as one uninterru
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..checkpoint.native import atomic_write_text
+from ..io import atomic_write_text
+
+if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: runs without plots never load it
+    from matplotlib.figure import Figure
 
 METRICS_NAME = "metrics.jsonl"
 
@@ -53,45 +57,80 @@ class MetricsLog:
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
-def plot_metrics(records: list[dict[str, Any]], out_dir: str | Path) -> list[Path]:
-    """loss.png (train and eval loss) and accuracy.png (eval top-1/top-5) from metric records."""
-    import matplotlib
+MARKER_MAX_POINTS = 20  # a series this short gets markers, so a lone point still shows
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
+def plot_metrics(records: list[dict[str, Any]], out_dir: str | Path, *, label_smoothing: float = 0.0) -> list[Path]:
+    """loss.png (train and eval loss) and accuracy.png (eval top-1/top-5) from metric records.
+
+    ``label_smoothing`` is the run's optim.label_smoothing: the train loss is then the smoothed cross-entropy,
+    which sits above the plain eval loss, and its legend says so.
+    """
     out_dir = Path(out_dir)
+    return [
+        _save(loss_figure(records, label_smoothing=label_smoothing), out_dir / "loss.png"),
+        _save(accuracy_figure(records), out_dir / "accuracy.png"),
+    ]
+
+
+def loss_figure(records: list[dict[str, Any]], *, label_smoothing: float = 0.0) -> Figure:
+    """Train and eval loss against step; a log scale only when the loss spans more than a decade."""
+    from matplotlib.figure import Figure
+
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
-    written = []
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    if train:
-        ax.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")
-    if evals:
-        ax.plot([r["step"] for r in evals], [r["eval_loss"] for r in evals], "o-", label="eval loss")
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    _readable_axes(ax)
+    label = f"train loss (label smoothing {label_smoothing:g})" if label_smoothing > 0 else "train loss"
+    _plot(ax, [r["step"] for r in train], [r["loss"] for r in train], "o", "-", label)
+    _plot(ax, [r["step"] for r in evals], [r["eval_loss"] for r in evals], "s", "-", "eval loss")
+    losses = [v for line in ax.get_lines() for v in line.get_ydata() if math.isfinite(v) and v > 0]
+    if losses and max(losses) > 10 * min(losses):
+        ax.set_yscale("log")
     ax.set(xlabel="step", ylabel="cross-entropy", title="loss")
-    ax.set_yscale("log")
+    _finish(ax)
+    return fig
+
+
+def accuracy_figure(records: list[dict[str, Any]]) -> Figure:
+    """Held-out top-1 and top-5 accuracy against step, in percent."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import PercentFormatter
+
+    evals = [r for r in records if r.get("kind") == "eval"]
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    _readable_axes(ax)
+    ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    steps = [r["step"] for r in evals]
+    _plot(ax, steps, [r["eval_top1"] for r in evals], "o", "-", "eval top-1")
+    _plot(ax, steps, [r["eval_top5"] for r in evals], "s", "--", "eval top-5")
+    ax.set(xlabel="step", ylabel="accuracy", title="held-out accuracy")
+    _finish(ax)
+    return fig
+
+
+def _plot(ax, x: list[float], y: list[float], marker: str, linestyle: str, label: str) -> None:
+    if x:
+        ax.plot(x, y, linestyle=linestyle, marker=marker if len(x) <= MARKER_MAX_POINTS else None, label=label)
+
+
+def _readable_axes(ax) -> None:
+    """Whole-number steps, and tick labels written out in full (no offset or multiplier in the corner)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # integers even around a lone point
+    ax.ticklabel_format(style="plain", useOffset=False)
+
+
+def _finish(ax) -> None:
     ax.grid(alpha=0.3)
-    ax.legend()
-    written.append(_save(fig, out_dir / "loss.png"))
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    if evals:
-        steps = [r["step"] for r in evals]
-        ax.plot(steps, [100 * r["eval_top1"] for r in evals], "o-", label="eval top-1")
-        ax.plot(steps, [100 * r["eval_top5"] for r in evals], "s--", label="eval top-5")
-    ax.set(xlabel="step", ylabel="accuracy (%)", title="held-out accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    written.append(_save(fig, out_dir / "accuracy.png"))
-    return written
+    if ax.get_lines():
+        ax.legend()
 
 
-def _save(fig, path: Path) -> Path:
-    import matplotlib.pyplot as plt
-
+def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)
     return path

@@ -1,12 +1,13 @@
-"""``vitkit eval``: score a training run or any checkpoint on a data set (top-1, top-5, cross-entropy).
+"""Which data a checkpoint is scored on, and ``vitkit eval``: top-1, top-5 and cross-entropy on it.
 
-The data defaults to the run's own (its config.yaml); ``data`` may name a YAML config (its data section) or
-an image folder (``root/<class>/<images>``, all of it evaluated, preprocessed as the checkpoint's metadata
-says). ``section.key=value`` overrides apply to the data section (``data.root=...``).
+``checkpoint_data`` is the one answer to "what data and preprocessing belong to this checkpoint", for eval,
+fewshot and inspect alike: the run's own data by default, or what ``--data`` names, always preprocessed as the
+checkpoint's metadata says.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,57 +15,106 @@ import torch
 import yaml
 
 from ..data import DataConfig, build_datasets
-from .config import config_from_dict, load_config
+from ..data.config import SOURCES
+from ..errors import UserError
+from ..predict import Preprocessing, load_for_inference
+from .config import config_from_dict
 from .distributed import pick_device
 from .engine import evaluate
 
+NO_DATA = "the checkpoint does not record its data; name it with --data (e.g. digits)"
 
-def _data_config(path: Path, data: str | None, model_cfg: Any, metadata: dict[str, Any]) -> DataConfig:
+
+def _data_section(path: Path) -> dict[str, Any]:
+    """The ``data`` section of a training config file."""
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("data", {}), dict):
+        raise UserError(f"{path}: expected a training config with a 'data' mapping")
+    return dict(doc.get("data") or {})
+
+
+def records_data(path: str | Path, metadata: dict[str, Any]) -> bool:
+    """Whether a checkpoint says which data it belongs to (a run's config.yaml, or a files-free source)."""
+    run_yaml = (Path(path) if Path(path).is_dir() else Path(path).parent) / "config.yaml"
+    return run_yaml.is_file() or metadata.get("source") in ("digits", "synthetic")
+
+
+def checkpoint_data(
+    path: str | Path,
+    metadata: dict[str, Any],
+    prep: Preprocessing,
+    data: str | None = None,
+    overrides: Sequence[str] = (),
+) -> DataConfig:
+    """The data a checkpoint is evaluated on (eval, fewshot, inspect), preprocessed as the model expects.
+
+    ``data`` (the commands' ``--data``) is one of:
+      None         the checkpoint's own: the ``data`` section of the config.yaml a training run writes next to
+                   its weights, or a source that needs no files (digits, synthetic) recorded in its metadata
+      a source     digits, synthetic, folder, cifar10 or cifar100 (files through ``data.root=...``)
+      a directory  an image folder ``DIR/<class>/<images>``, split as a folder source is (``data.val_root=DIR``
+                   makes every image an evaluation image)
+      a .yaml file the ``data`` section of that training config
+    ``overrides`` are ``data.key=value`` strings, applied next. The preprocessing (size, channels, mean, std,
+    crop) is then the checkpoint's own, and training images are not augmented, since evaluation, few-shot
+    features and inspection need the plain images.
+    """
+    source = Path(data) if data is not None else None
     if data is None:
-        run_config = (path if path.is_dir() else path.parent) / "config.yaml"
-        if not run_config.is_file():
-            raise ValueError(f"{path}: not a training run (no config.yaml next to it); pass --data CONFIG.yaml or DIR")
-        return config_from_dict(yaml.safe_load(run_config.read_text())).data
-    if Path(data).is_dir():  # a folder of class folders, evaluated whole
-        size = model_cfg.img_size[0] if isinstance(model_cfg.img_size, (tuple, list)) else model_cfg.img_size
-        return DataConfig(
-            source="folder",
-            root=data,
-            val_root=data,
-            img_size=metadata.get("img_size", size),
-            in_chans=metadata.get("in_chans", model_cfg.in_chans),
-            mean=metadata.get("mean", 0.5),
-            std=metadata.get("std", 0.5),
-            eval_crop_fraction=metadata.get("crop_fraction", 1.0),
+        run_yaml = (Path(path) if Path(path).is_dir() else Path(path).parent) / "config.yaml"
+        if run_yaml.is_file():
+            doc = _data_section(run_yaml)
+        elif metadata.get("source") in ("digits", "synthetic"):
+            doc = {"source": metadata["source"]}
+        else:
+            raise UserError(f"{path}: {NO_DATA}")
+    elif data in SOURCES:
+        doc = {"source": data}
+    elif source.is_dir():
+        doc = {"source": "folder", "root": data}
+    elif source.suffix in (".yaml", ".yml") and source.is_file():
+        doc = _data_section(source)
+    else:
+        raise UserError(
+            f"--data {data!r}: expected a source ({', '.join(SOURCES)}), an image folder or a config .yaml file"
         )
-    return load_config(data).data
+    bad = [o for o in overrides if not o.strip().startswith("data.")]
+    if bad:
+        raise UserError(f"overrides {bad}: only data.key=value overrides apply here")
+    doc = config_from_dict({"data": doc}, list(overrides)).data.to_dict()
+    doc.update(
+        img_size=prep.img_size,
+        in_chans=prep.in_chans,
+        mean=prep.mean,
+        std=prep.std,
+        eval_crop_fraction=prep.crop_fraction,
+        train_augment="none",
+        flip=False,
+        shift_pixels=0,
+    )
+    return DataConfig.from_dict(doc)
 
 
 def evaluate_checkpoint(
     path: str | Path,
     data: str | None = None,
-    overrides: list[str] | tuple[str, ...] = (),
+    overrides: Sequence[str] = (),
     device: str = "auto",
     batch_size: int = 512,
 ) -> dict[str, Any]:
     """Metrics of the checkpoint at path (a run directory or any format load_model reads) on its data."""
-    from ..checkpoint.loader import load_model
-
-    path = Path(path)
-    model, metadata = load_model(path, return_metadata=True)
-    data_cfg = _data_config(path, data, model.config, metadata)
-    if overrides:
-        bad = [o for o in overrides if not o.strip().startswith("data.")]
-        if bad:
-            raise ValueError(f"overrides {bad}: vitkit eval only takes data.key=value overrides")
-        data_cfg = config_from_dict({"data": data_cfg.to_dict()}, overrides).data
+    model, prep, metadata = load_for_inference(path)
+    data_cfg = checkpoint_data(path, metadata, prep, data, overrides)
     _, eval_ds, info = build_datasets(data_cfg)
     num_classes = model.config.num_classes
     if info.num_classes != num_classes:
-        raise ValueError(f"{path}: the model has {num_classes} classes but the data has {info.num_classes}")
+        raise UserError(f"{path}: the model has {num_classes} classes but the data has {info.num_classes}")
     names = metadata.get("class_names")
     if names and list(names) != list(info.class_names):
-        raise ValueError(f"{path}: the model's classes {names[:5]}... differ from the data's {info.class_names[:5]}...")
+        raise UserError(f"{path}: the model's classes {names[:5]}... differ from the data's {info.class_names[:5]}...")
     dev = pick_device(device)
     with torch.inference_mode():
         metrics = evaluate(model.to(dev), eval_ds, dev, batch_size, num_workers=data_cfg.num_workers)

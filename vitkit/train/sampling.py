@@ -18,6 +18,8 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
+from ..errors import UserError
+
 
 def mix_seed(*parts: int) -> int:
     """A well-spread 63-bit seed from a tuple of ints (stable across processes and Python versions)."""
@@ -39,12 +41,12 @@ class StepPlan:
     def __post_init__(self) -> None:
         micro = self.batch_size // self.accum_steps
         if self.batch_size % self.accum_steps or micro % self.world_size:
-            raise ValueError(
+            raise UserError(
                 f"optim.batch_size={self.batch_size} must split into optim.accum_steps={self.accum_steps} "
                 f"micro-batches of a size divisible by the world size {self.world_size}"
             )
         if self.num_items < self.batch_size:
-            raise ValueError(
+            raise UserError(
                 f"the training set has {self.num_items} items, fewer than one batch (optim.batch_size="
                 f"{self.batch_size}); lower the batch size"
             )

@@ -21,7 +21,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from ..checkpoint.native import atomic_write
+from ..errors import UserError, UserFileNotFoundError
+from ..io import atomic_write
 
 STATE_NAME = "train_state.safetensors"
 _META_KEY = "vitkit_train_state"
@@ -58,15 +59,15 @@ def read_train_state(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
     """(JSON document, tensors) of a training state file; a clear error if it is not one."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: no training state to resume from")
+        raise UserFileNotFoundError(f"{path}: no training state to resume from")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
     except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
-        raise ValueError(f"{path}: not a readable training state ({e})") from None
+        raise UserError(f"{path}: not a readable training state ({e})") from None
     if _META_KEY not in meta:
-        raise ValueError(f"{path}: a safetensors file without the {_META_KEY!r} metadata of a vitkit training state")
+        raise UserError(f"{path}: a safetensors file without the {_META_KEY!r} metadata of a vitkit training state")
     return json.loads(meta[_META_KEY]), tensors
 
 
@@ -81,7 +82,7 @@ def load_train_state(
     model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     missing, unexpected = model.load_state_dict(model_state, strict=False)
     if missing or unexpected:
-        raise ValueError(
+        raise UserError(
             f"{path}: the saved model does not match the configured one (missing {sorted(missing)[:5]}, "
             f"unexpected {sorted(unexpected)[:5]}); was the config changed since the run started?"
         )
@@ -99,7 +100,7 @@ def load_train_state(
     try:
         optimizer.load_state_dict({"state": state, "param_groups": groups})
     except (ValueError, KeyError) as e:
-        raise ValueError(f"{path}: the saved optimizer state does not fit this optimizer ({e})") from None
+        raise UserError(f"{path}: the saved optimizer state does not fit this optimizer ({e})") from None
     if scaler is not None and doc.get("scaler"):
         scaler.load_state_dict(doc["scaler"])
     return doc

@@ -1,0 +1,317 @@
+"""The house rules, each as behaviour: configs are values declared once, the floors of the package hold, user
+errors and bugs look different, and nothing process-wide happens unless asked for."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import json
+import re
+import subprocess
+import sys
+import typing
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit import ResNetConfig, UserError, VisionTransformer, ViTConfig
+from vitkit.bench.memory import measure_step_memory
+from vitkit.checkpoint import load_model, save_pretrained
+from vitkit.cli import main
+from vitkit.errors import ConfigError
+from vitkit.train import build_model, config_from_dict, train
+from vitkit.train.config import _section_types
+
+PACKAGE = Path(vitkit.__file__).parent
+TINY = dict(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=3)
+
+
+# ----------------------------------------------------------------------------------------- configs are values
+def test_model_configs_are_frozen_values():
+    cfg = ViTConfig(**TINY)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.depth = 3  # type: ignore[misc]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ResNetConfig().num_classes = 3  # type: ignore[misc]
+    model = VisionTransformer(cfg)
+    model.reset_classifier(5)
+    assert cfg.num_classes == 3 and model.config.num_classes == 5  # a new value; the old one is untouched
+    assert dataclasses.replace(cfg, img_size=[24, 24]).img_size == (24, 24)  # spellings normalised on every build
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("depth", 0, "depth=0: expected a positive integer"),
+        ("depth", -1, "depth=-1"),
+        ("width", 33, "not divisible by num_heads"),
+        ("num_heads", 0, "num_heads=0"),
+        ("mlp_dim", 0, "mlp_dim=0"),
+        ("patch_size", 0, r"patch_size=\(0, 0\)"),
+        ("in_chans", 0, "in_chans=0"),
+        ("num_classes", -2, "num_classes=-2"),
+        ("img_size", 3, "fewer pixels than one"),
+        ("ln_eps", 0.0, "ln_eps=0.0"),
+        ("dropout", 1.0, "dropout=1.0"),
+        ("classifier", "cls", "classifier='cls'"),
+        ("depth", 2.5, "depth=2.5"),
+    ],
+)
+def test_model_config_rejects_bad_values_where_it_is_built(field, value, message):
+    with pytest.raises(ConfigError, match=message):
+        ViTConfig(**{**TINY, field: value})
+
+
+def test_image_size_not_a_multiple_of_the_patch_warns_about_the_border():
+    with pytest.warns(UserWarning, match="border"):
+        ViTConfig(**{**TINY, "img_size": 18})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ViTConfig(**TINY)
+
+
+def test_training_config_takes_every_model_config_field():
+    vit_fields = set(_section_types(ViTConfig))
+    for name in vit_fields:  # each field is a key of the model section, typed by ViTConfig itself
+        value = getattr(ViTConfig(), name)
+        cfg = config_from_dict(
+            {"model": {"name": "vit_ti16", name: list(value) if isinstance(value, tuple) else value}}
+        )
+        assert name in cfg.model.fields
+    resnet = config_from_dict({"model": {"name": "bit_r26x1"}}, ["model.width_factor=0.5", "model.layers=1,1"])
+    assert resnet.model.fields == {"width_factor": 0.5, "layers": (1, 1)}
+    with pytest.raises(ConfigError, match=r"unknown config key 'model.widht'; did you mean model.width\?"):
+        config_from_dict({}, ["model.widht=3"])
+    with pytest.raises(ConfigError, match="model: ViTConfig.gelu='fast'"):
+        config_from_dict({}, ["model.gelu=fast"])
+
+
+def test_hybrid_and_numerics_fields_train_from_key_value(tmp_path):
+    overrides = [
+        "model.name=r_vit_ti16",
+        "model.resnet_layers=1",
+        "model.resnet_width=0.5",
+        "model.patch_size=1",
+        "model.width=32",
+        "model.depth=1",
+        "model.num_heads=2",
+        "model.mlp_dim=64",
+        "model.ln_eps=1e-12",
+        "model.gelu=exact",
+        "data.source=synthetic",
+        "data.img_size=16",
+        "data.synthetic_size=32",
+        "optim.batch_size=8",
+        "schedule.steps=1",
+        f"run.out_dir={tmp_path}",
+        "run.progress=false",
+        "run.plots=false",
+    ]
+    cfg = config_from_dict({}, overrides)
+    result = train(cfg)
+    model = load_model(result.run_dir)
+    assert model.config.resnet_layers == (1,) and model.config.resnet_width == 0.5
+    assert (model.config.ln_eps, model.config.gelu) == (1e-12, "exact")
+    assert model.patch_embed.backbone is not None and model.grid == (4, 4)
+    saved = yaml_model_section(result.run_dir)
+    assert saved["resnet_layers"] == [1] and saved["name"] == "r_vit_ti16"
+
+
+def yaml_model_section(run_dir: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load((run_dir / "config.yaml").read_text())["model"]
+
+
+def test_model_fields_that_contradict_the_data_are_errors():
+    from vitkit.data import DatasetInfo
+
+    info = DatasetInfo(num_classes=4, class_names=list("abcd"), in_chans=3, img_size=16, mean=[0.5] * 3, std=[0.5] * 3)
+    ok = config_from_dict({"model": {"name": "vit_ti16", "patch_size": 4, "depth": 1}})
+    assert build_model(ok, info).config.num_classes == 4
+    for key, value in (("num_classes", 5), ("img_size", 32), ("in_chans", 1)):
+        bad = config_from_dict({"model": {"name": "vit_ti16", "patch_size": 4, key: value}})
+        with pytest.raises(UserError, match=f"model.{key}={value} but the data gives"):
+            build_model(bad, info)
+
+
+# ------------------------------------------------------------------------------------ the attention path
+def test_attention_path_is_a_call_argument_not_a_switch_on_the_model():
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY).eval()
+    torch.nn.init.normal_(model.head.weight)
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        fused, explicit = model(x), model(x, attn_impl="explicit")
+        features = model.forward_features(x, attn_impl="explicit")
+    torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model.forward_head(features), fused, rtol=1e-5, atol=1e-5)
+    assert model.config.attn_impl == "sdpa"
+    with pytest.raises(ConfigError, match="attn_impl='flash'"):
+        model(x, attn_impl="flash")
+
+
+def test_every_forward_runs_the_blocks_through_one_loop():
+    """Hooks on each block fire for forward, forward_features and forward_intermediates alike."""
+    model = VisionTransformer(**TINY).eval()
+    seen: list[tuple[int, ...]] = []
+    for blk in model.blocks:
+        blk.register_forward_hook(lambda m, i, o: seen.append(tuple(o.shape)))
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        model(x)
+        assert seen == [(2, 17, 32), (2, 1, 32)]  # the last block computes the class token alone
+        seen.clear()
+        model.forward_features(x)
+        out = model.forward_intermediates(x)
+    assert seen == [(2, 17, 32)] * 4 and len(out["blocks"]) == 2
+
+
+# ----------------------------------------------------------------------------------------------- floors
+def _imports(path: Path) -> set[str]:
+    """The vitkit modules a file imports (absolute names), wherever in the file."""
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if path.name == "__init__.py":
+        package += ".__init__"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: -node.level]
+                found.add(".".join([*base, *([node.module] if node.module else [])]))
+            elif node.module:
+                found.add(node.module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {m for m in found if m.startswith("vitkit")}
+
+
+@pytest.mark.parametrize(
+    "floor, forbidden",
+    [
+        ("models", ("vitkit.checkpoint", "vitkit.train", "vitkit.hub", "vitkit.bench", "vitkit.export")),
+        ("checkpoint", ("vitkit.train", "vitkit.hub", "vitkit.bench", "vitkit.export", "vitkit.inspect")),
+        ("data", ("vitkit.checkpoint", "vitkit.train", "vitkit.bench", "vitkit.export")),
+        ("train", ("vitkit.bench", "vitkit.export", "vitkit.cli")),
+    ],
+)
+def test_lower_floors_do_not_import_higher_ones(floor, forbidden):
+    for path in sorted((PACKAGE / floor).rglob("*.py")):
+        bad = sorted(m for m in _imports(path) if m.startswith(forbidden))
+        assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_importing_the_models_loads_no_checkpoint_code():
+    code = "import sys, vitkit.models; print(sorted(m for m in sys.modules if m.startswith('vitkit.')))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "vitkit.models" in loaded and "vitkit.checkpoint" not in loaded and "vitkit.bench" not in loaded
+
+
+# ----------------------------------------------------------------------------------------------- errors
+def test_user_errors_are_one_line_and_bugs_keep_their_traceback(monkeypatch, capsys):
+    import vitkit.cli as cli
+
+    assert main(["models", "vit_q*"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no model matches 'vit_q*'" in err
+
+    def bug(args):
+        raise ValueError("an internal invariant broke")
+
+    monkeypatch.setitem(cli._COMMANDS, "models", ("", bug))
+    with pytest.raises(ValueError, match="internal invariant"):
+        main(["models"])
+
+    def refused(args):
+        Path("/proc/no-such-dir/file").write_text("")
+
+    monkeypatch.setitem(cli._COMMANDS, "models", ("", refused))
+    assert main(["models"]) == 2
+    assert "/proc/no-such-dir/file: No such file or directory" in capsys.readouterr().err
+
+
+def test_models_pattern_is_a_glob_with_suggestions(capsys):
+    assert main(["models", "vit_b*"]) == 0
+    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert names == ["vit_b8", "vit_b16", "vit_b32", "vit_b16_gap", "vit_b32_gap"]
+    assert main(["models", "gap"]) == 0  # no wildcard: a part of the name
+    assert len(capsys.readouterr().out.splitlines()) == 5
+    assert main(["models", "vit_b61"]) == 2
+    assert "did you mean vit_b16" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ process-wide side effects
+def test_commands_other_than_bench_leave_the_allocator_alone(tmp_path):
+    code = (
+        "from vitkit.cli import main; import vitkit.fast as f; main(['models', 'vit_ti16']); "
+        "print('tuned' if f.cpu_allocator_tuned() else 'default')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().endswith("default")
+
+
+def test_measuring_memory_writes_to_proc_only_when_asked(monkeypatch):
+    import builtins
+
+    written = []
+    real_open = builtins.open
+
+    def recording_open(file, mode="r", *args, **kwargs):
+        if "w" in mode:
+            written.append(str(file))
+        return real_open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", recording_open)
+    cpu = torch.device("cpu")
+    assert measure_step_memory(lambda: torch.ones(1 << 20), cpu) is None and written == []
+    if Path("/proc/self/clear_refs").exists():
+        assert measure_step_memory(lambda: torch.ones(1 << 20), cpu, reset_cpu_peak=True) is not None
+        assert written == ["/proc/self/clear_refs"]
+
+
+# ------------------------------------------------------------------------- one reader of a checkpoint's data
+def _image_folder(root: Path, classes: int = 3, per_class: int = 6) -> Path:
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"c{c}").mkdir(parents=True)
+        for i in range(per_class):
+            pixels = np.full((20, 20, 3), 60 * c, np.uint8) + rng.integers(0, 30, (20, 20, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / f"c{c}" / f"{i}.png")
+    return root
+
+
+def test_data_means_the_same_in_every_command(tmp_path, capsys):
+    folder = _image_folder(tmp_path / "images")
+    model = VisionTransformer(**TINY)
+    ckpt = tmp_path / "ckpt"
+    save_pretrained(model, ckpt, metadata={"class_names": ["c0", "c1", "c2"], "img_size": 16})
+    # an image folder: split as a folder source is, in eval and fewshot alike
+    assert main(["eval", str(ckpt), "--data", str(folder)]) == 0
+    held_out = int(re.search(r"\((\d+) images, folder\)", capsys.readouterr().out).group(1))
+    assert 0 < held_out < 18  # the folder's held-out split
+    assert main(["eval", str(ckpt), "--data", str(folder), f"data.val_root={folder}"]) == 0
+    assert "(18 images, folder)" in capsys.readouterr().out
+    assert main(["fewshot", str(ckpt), "--data", str(folder), "--shots", "1", "--seeds", "1"]) == 0
+    doc = json.loads((ckpt / "fewshot.json").read_text())  # the results go beside the checkpoint
+    assert doc["data"]["source"] == "folder" and doc["num_test"] == held_out
+    # a source name with its root as an option or an override, the same for every command
+    for command in (["eval"], ["fewshot", "--shots", "1", "--seeds", "1"]):
+        assert main([*command, str(ckpt), "--data", "folder", "--root", str(folder)]) == 0
+        assert main([*command, str(ckpt), "--data", "folder", f"data.root={folder}"]) == 0
+    # data that cannot be read fails every command, with the path named
+    for command in (["eval"], ["fewshot"], ["inspect", "--out", str(tmp_path / "figs")]):
+        capsys.readouterr()
+        assert main([*command, str(ckpt), "--data", "folder", "--root", str(tmp_path / "none")]) == 2
+        assert str(tmp_path / "none") in capsys.readouterr().err
+    assert main(["eval", str(ckpt), "--data", "nonsense"]) == 2
+    assert "expected a source" in capsys.readouterr().err
+
+
+def test_model_section_types_are_the_model_config_types():
+    hints = typing.get_type_hints(ViTConfig)
+    assert _section_types(ViTConfig)["resnet_layers"] == hints["resnet_layers"]
