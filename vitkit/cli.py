@@ -69,13 +69,14 @@ def add_convert(p: argparse.ArgumentParser) -> None:
     p.add_argument("dst", help="output directory (or .safetensors file for timm, .npz file for official)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="model config changes, e.g. img_size=384")
     p.add_argument("--to", default="vitkit", choices=("vitkit", "hf", "timm", "official"), help="output format")
+    p.add_argument("--force", action="store_true", help="replace existing output files")
 
 
 @command("convert", "convert a checkpoint between the official, Hugging Face, timm and vitkit formats")
 def cmd_convert(args: argparse.Namespace) -> int:
     from .checkpoint.loader import convert, parse_overrides
 
-    out = convert(args.src, args.dst, to=args.to, **parse_overrides(args.overrides))
+    out = convert(args.src, args.dst, to=args.to, force=args.force, **parse_overrides(args.overrides))
     print(f"wrote {out} ({args.to})")
     return 0
 
@@ -277,6 +278,7 @@ def add_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--onnx", required=True, metavar="OUT", help="the .onnx file to write")
     p.add_argument("--opset", type=int, default=18)
     p.add_argument("--img-size", type=int, help="export at this resolution (position embeddings resampled)")
+    p.add_argument("--force", action="store_true", help="replace an existing output file")
 
 
 @command("export", "export a checkpoint to ONNX (dynamic batch) and check it against onnxruntime")
@@ -285,7 +287,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .export import check_onnx, export_onnx
 
     model = load_model(args.checkpoint, **({"img_size": args.img_size} if args.img_size else {}))
-    path = export_onnx(model, args.onnx, opset=args.opset)
+    path = export_onnx(model, args.onnx, opset=args.opset, force=args.force)
     err = check_onnx(path, model, batch_sizes=(1, 3))
     print(f"wrote {path} (opset {args.opset}, dynamic batch); onnxruntime vs torch max |diff| {err:.2e} (<= 1e-4)")
     return 0
@@ -312,7 +314,7 @@ def _split_spec(spec: list[str]) -> tuple[str | None, list[str]]:
 
 @command("train", "train or fine-tune a model from a config (default: a small ViT on the embedded digits)")
 def cmd_train(args: argparse.Namespace) -> int:
-    from .train import NonFiniteLossError, load_config, train
+    from .train import NonFiniteLossError, TrainingInterrupted, load_config, train
 
     config, overrides = _split_spec(args.spec)
     cfg = load_config(config, overrides)
@@ -321,6 +323,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     except NonFiniteLossError as e:
         print(f"vitkit train: stopped: {e}", file=sys.stderr)
         return 1
+    except TrainingInterrupted as e:
+        print(f"vitkit train: interrupted: {e}", file=sys.stderr)
+        return 128 + e.signum  # the shell's code for a process ended by that signal
     if os.environ.get("RANK", "0") != "0":
         return 0
     m = result.metrics

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .errors import UserError, UserFileNotFoundError
+from .io import atomic_write
 
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
@@ -37,13 +38,23 @@ def _require(module: str) -> Any:
 
 
 def export_onnx(
-    model: nn.Module, path: str | Path, img_size: int | None = None, opset: int = 18, verbose: bool = False
+    model: nn.Module,
+    path: str | Path,
+    img_size: int | None = None,
+    opset: int = 18,
+    verbose: bool = False,
+    force: bool = False,
 ) -> Path:
-    """Write model (fp32, eval) as ONNX with a dynamic batch axis; img_size defaults to the model's own."""
+    """Write model (fp32, eval) as ONNX with a dynamic batch axis; img_size defaults to the model's own.
+
+    The file is written atomically (an interrupted export or a full disk leaves no partial file under the
+    name), and an existing file is replaced only with ``force``.
+    """
     _require("onnx")
     _require("onnxscript")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not force:
+        raise UserError(f"{path}: exists; pass --force (force=True) to replace it")
     config = model.config
     size = img_size or config.img_size
     h, w = (size, size) if isinstance(size, int) else size
@@ -62,7 +73,7 @@ def export_onnx(
             dynamic_shapes=({0: batch},),
             verbose=verbose,
         )
-        program.save(str(path))
+        atomic_write(path, lambda tmp: program.save(tmp))
     return path
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write, atomic_write_text
-from .native import load_tensor_file
+from .native import load_tensor_file, read_config_json
 
 if TYPE_CHECKING:  # transformers is a development / benchmark dependency, imported only when used
     import transformers
@@ -89,8 +89,8 @@ def is_hf(path: str | Path) -> bool:
     path = Path(path)
     cfg = path / CONFIG_NAME if path.is_dir() else path.with_name(CONFIG_NAME)
     try:
-        return json.loads(cfg.read_text()).get("model_type") == "vit"
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return read_config_json(cfg).get("model_type") == "vit"
+    except (OSError, UserError):
         return False
 
 
@@ -101,7 +101,7 @@ def read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     cfg_path = directory / CONFIG_NAME
     if not cfg_path.is_file():
         raise UserFileNotFoundError(f"{cfg_path}: missing; a Hugging Face ViT checkpoint needs {CONFIG_NAME}")
-    config = json.loads(cfg_path.read_text())
+    config = read_config_json(cfg_path)
     weights = path if path.is_file() and path.name != CONFIG_NAME else None
     weights = weights or next((directory / n for n in WEIGHT_NAMES if (directory / n).is_file()), None)
     if weights is None:

@@ -20,7 +20,9 @@ Metadata (e.g. class names saved with ``save_pretrained(model, dir, metadata=...
 
 from __future__ import annotations
 
+import tokenize
 import zipfile
+import zlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -105,6 +107,9 @@ def detect_format(path: str | Path) -> str:
         raise UserFileNotFoundError(f"{path}: no such file or directory")
     if path.is_file() and path.suffix == ".npz":
         return "official"
+    cfg = path / native.CONFIG_NAME if path.is_dir() else path.with_name(native.CONFIG_NAME)
+    if (path.is_dir() or path.name in (native.WEIGHTS_NAME, *hf.WEIGHT_NAMES)) and cfg.is_file():
+        native.read_config_json(cfg)  # a broken config.json is named as such, not reported as an unknown format
     if native.is_native(path):
         return "vitkit"
     if hf.is_hf(path):
@@ -125,15 +130,30 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
         raise UserError(
             f"{path}: pickled data (or not an .npz at all); refusing to unpickle it (allow_pickle=False)"
         ) from e
+    except EOFError:
+        raise UserError(f"{path}: empty file, expected an .npz archive") from None
     except (zipfile.BadZipFile, OSError) as e:
         raise UserError(f"{path}: not a readable .npz archive ({e})") from None
     if not isinstance(data, np.lib.npyio.NpzFile):
         raise UserError(f"{path}: a single array, expected an .npz archive of named parameters")
+    arrays = {}
     with data:
-        try:
-            return {k: data[k] for k in data.files}
-        except ValueError as e:  # ... and object arrays inside an archive on access
-            raise UserError(f"{path}: contains pickled Python objects; refusing to load it (allow_pickle=False)") from e
+        for key in data.files:
+            try:
+                arrays[key] = data[key]
+            except ValueError as e:
+                if "allow_pickle" in str(e):  # numpy's refusal of an object array: pickled Python objects
+                    raise UserError(
+                        f"{path}: array {key!r} holds pickled Python objects; refusing to load it (allow_pickle=False)"
+                    ) from e
+                raise UserError(f"{path}: array {key!r} is corrupt or truncated ({' '.join(str(e).split())})") from None
+            # a damaged member fails in zipfile (bad CRC), zlib (compressed data) or numpy's header parser
+            except (EOFError, OSError, zipfile.BadZipFile, zlib.error, SyntaxError, tokenize.TokenError) as e:
+                cause = f"{type(e).__name__}: {' '.join(str(e).split())}"
+                raise UserError(f"{path}: array {key!r} is corrupt or truncated ({cause})") from None
+            if not isinstance(arrays[key], np.ndarray):  # NpzFile hands back raw bytes for a member that is no .npy
+                raise UserError(f"{path}: member {key!r} is not an .npy array")
+    return arrays
 
 
 def read_checkpoint(path: str | Path, format: str | None = None) -> Checkpoint:
@@ -263,30 +283,39 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def convert(src: str | Path, dst: str | Path, to: str = "vitkit", **overrides: Any) -> Path:
+def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = False, **overrides: Any) -> Path:
     """Convert a checkpoint of any readable format to another; returns what was written.
 
     vitkit and hf write a directory (config.json + model.safetensors); timm writes a .safetensors file
     (dst itself when it ends in .safetensors, else dst/model.safetensors); official writes an .npz with the
     released names (dst itself when it ends in .npz, else dst/model.npz). Overrides change the model first
-    (e.g. img_size=384 resamples the position embeddings, num_heads=3 for timm files).
+    (e.g. img_size=384 resamples the position embeddings, num_heads=3 for timm files). The source is loaded
+    strictly (see load_pretrained). Existing outputs (a run's weights, say) are replaced only with ``force``.
     """
     if to not in TARGETS:
         raise UserError(f"to={to!r}: expected one of {TARGETS}")
-    model, metadata = load_model(src, return_metadata=True, **overrides)
     dst = Path(dst)
+    if to in ("vitkit", "hf"):
+        outputs = [dst / native.CONFIG_NAME, dst / native.WEIGHTS_NAME]
+    elif to == "timm":
+        outputs = [dst if dst.suffix == ".safetensors" else dst / "model.safetensors"]
+    else:
+        outputs = [dst if dst.suffix == ".npz" else dst / "model.npz"]
+    existing = [str(p) for p in outputs if p.exists()]
+    if existing and not force:
+        raise UserError(f"{', '.join(existing)}: exists; pass --force (force=True) to replace it")
+    model, metadata = load_model(src, return_metadata=True, **overrides)
     if to == "vitkit":
         return native.save_pretrained(model, dst, metadata=metadata)
     if to == "hf":
         return hf.save_hf(model, dst, class_names=metadata.get("class_names"))
     from safetensors.torch import save_file
 
+    out = outputs[0]
     if to == "timm":
-        out = dst if dst.suffix == ".safetensors" else dst / "model.safetensors"
         state = timm.vitkit_to_timm(model)
         atomic_write(out, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
         return out
-    out = dst if dst.suffix == ".npz" else dst / "model.npz"
     params = official.vitkit_to_official(model)
 
     def write_npz(tmp: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -33,12 +34,23 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     """
     cfg = cfg.resolve()
     if cfg.source == "digits":
-        return build_digits(cfg)
-    if cfg.source == "synthetic":
-        return build_synthetic(cfg)
-    if cfg.source in ("cifar10", "cifar100"):
-        return build_cifar(cfg)
-    return build_folder(cfg)
+        built = build_digits(cfg)
+    elif cfg.source == "synthetic":
+        built = build_synthetic(cfg)
+    elif cfg.source in ("cifar10", "cifar100"):
+        built = build_cifar(cfg)
+    else:
+        built = build_folder(cfg)
+    info = built[2]
+    if info.num_classes == 1:  # legal, but almost always a folder one level too deep or too shallow
+        where = cfg.root if cfg.source == "folder" else f"data.source={cfg.source}"
+        hint = f" (expected {cfg.root}/<class>/<images>, a folder per class)" if cfg.source == "folder" else ""
+        warnings.warn(
+            f"{where}: only one class, {info.class_names[0]!r}; a classifier over a single class learns nothing{hint}",
+            UserWarning,
+            stacklevel=2,
+        )
+    return built
 
 
 def _stats(cfg: DataConfig) -> tuple[list[float], list[float]]:

@@ -28,6 +28,21 @@ from .transforms import augment_images, check_augment, load_image
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
 
+class ImageReadError(UserError):
+    """An image of a folder dataset that cannot be read: the message names the file and the cause.
+
+    Raised inside a DataLoader worker, an exception reaches the main process re-created as ``type(text)``, where
+    text is "Caught ... in DataLoader worker process N" followed by the worker's whole traceback. This
+    constructor recovers the original one-line message from the traceback's last line, so num_workers > 0
+    reports the same line as loading in the main process.
+    """
+
+    def __init__(self, message: str) -> None:
+        prefix = f"{type(self).__module__}.{type(self).__qualname__}: "
+        original = [line[len(prefix) :] for line in message.splitlines() if line.startswith(prefix)]
+        super().__init__(original[-1] if "\n" in message and original else message)
+
+
 class TensorImageDataset(Dataset):
     """Preprocessed images kept in memory as one tensor, with vectorised batch augmentation.
 
@@ -138,11 +153,11 @@ class ImageFolderDataset(Dataset):
                 img = load_image(path)
             except (ValueError, FileNotFoundError) as e:
                 if not self.skip_corrupt:
-                    raise UserError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
+                    raise ImageReadError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
                 self._skip(i, e)
                 continue
             return self.transform(img), label
-        raise UserError(
+        raise ImageReadError(
             f"{self.samples[0][0].parent.parent}: none of the {len(self.samples)} images could be read (all skipped)"
         )
 
@@ -154,7 +169,7 @@ class ImageFolderDataset(Dataset):
                 load_image(path)
             except (ValueError, FileNotFoundError) as e:
                 if not self.skip_corrupt:
-                    raise UserError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
+                    raise ImageReadError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
                 self._skip(i, e)
                 bad.append(path)
         return bad

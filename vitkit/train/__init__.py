@@ -16,7 +16,7 @@ from .config import (
     load_config,
     shipped_configs,
 )
-from .engine import NonFiniteLossError, Trainer, TrainResult, build_model, evaluate, train
+from .engine import NonFiniteLossError, Trainer, TrainingInterrupted, TrainResult, build_model, evaluate, train
 from .state import STATE_NAME, load_train_state, read_train_state, save_train_state
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "TrainConfig",
     "TrainResult",
     "Trainer",
+    "TrainingInterrupted",
     "build_model",
     "config_from_dict",
     "evaluate",

@@ -70,6 +70,10 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         _check_choice("optim.name", self.name, OPTIMIZERS)
+        for key in ("lr", "weight_decay", "grad_clip"):
+            _check_at_least(f"optim.{key}", getattr(self, key), 0)
+        if not 0 <= self.label_smoothing < 1:
+            raise UserError(f"optim.label_smoothing={self.label_smoothing}: expected a value in [0, 1)")
         if self.batch_size < 1 or self.accum_steps < 1 or self.batch_size % self.accum_steps:
             raise UserError(
                 f"optim.batch_size={self.batch_size} must be a positive multiple of optim.accum_steps="
@@ -89,6 +93,8 @@ class ScheduleConfig:
 
     def __post_init__(self) -> None:
         _check_choice("schedule.decay", self.decay, DECAYS)
+        for key in ("steps", "warmup_steps", "min_lr"):
+            _check_at_least(f"schedule.{key}", getattr(self, key), 0)
         if self.steps <= 0 and self.epochs <= 0:
             raise UserError("schedule: set schedule.steps or schedule.epochs to a positive number")
 
@@ -109,12 +115,16 @@ class RunConfig:
     device: str = "auto"  # "auto": cuda if available (the local rank's GPU under torchrun), else cpu
     threads: int = 0  # torch.set_num_threads on CPU; 0 keeps torch's default
     resume: bool = False  # continue the newest run directory of this name from its training state
+    resume_with_changes: bool = False  # resume even where the config differs from the run's (beyond RESUMABLE)
     init_from: str | None = None  # fine-tune from any checkpoint vitkit.load_pretrained reads
     progress: bool = True
     plots: bool = True
 
     def __post_init__(self) -> None:
         _check_choice("run.amp", self.amp, AMPS)
+        for key in ("threads", "log_every", "eval_every", "save_every"):
+            _check_at_least(f"run.{key}", getattr(self, key), 0)
+        _check_at_least("run.eval_batch_size", self.eval_batch_size, 1)
 
 
 @dataclass
@@ -136,6 +146,11 @@ class TrainConfig:
 def _check_choice(key: str, value: str, allowed: tuple[str, ...]) -> None:
     if value not in allowed:
         raise UserError(f"{key}={value!r}: expected one of {', '.join(allowed)}")
+
+
+def _check_at_least(key: str, value: float, minimum: float) -> None:
+    if not value >= minimum:  # written so that NaN fails too
+        raise UserError(f"{key}={value}: expected >= {minimum}")
 
 
 def _plain(x: Any) -> Any:
@@ -318,20 +333,59 @@ def resolve_config_path(name_or_path: str) -> Path:
     )
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key given twice in one mapping is an error.
+
+    PyYAML keeps the last of two equal keys without a word, so a second ``lr:`` under ``optim:`` would silently
+    override the first. Keys brought in by a merge (``<<: *defaults``) may still be overridden.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                earlier = first_line.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if earlier is not None:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"duplicate key {key!r} (first given on line {earlier})", problem_mark=key_node.start_mark
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error in one line: where and what (PyYAML's own text spans several, with a snippet of the file)."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    return " ".join(str(error).split())
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The sections of a YAML config file as plain values (safe_load's semantics, duplicate keys refused)."""
+    try:
+        doc = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
+    if doc is not None and not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a mapping of sections (model, data, optim, schedule, run)")
+    return doc or {}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Load a YAML config (a path or a shipped name; default: digits) and apply overrides.
 
     The run name defaults to the config's stem, so ``vitkit train`` writes to runs/digits (or runs/digits-1, ...).
     """
     path = resolve_config_path(str(path) if path is not None else "digits")
+    doc = read_config_file(path)
     try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({e})") from None
-    if doc is not None and not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a mapping of sections (model, data, optim, schedule, run)")
-    try:
-        cfg = config_from_dict(doc or {}, overrides)
+        cfg = config_from_dict(doc, overrides)
     except ValueError as e:
         raise UserError(f"{path}: {e}") from None
     if cfg.run.name is None:

@@ -88,3 +88,11 @@ def all_reduce_mean(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
     x = x.detach().clone()
     dist.all_reduce(x, op=dist.ReduceOp.SUM)
     return x / info.world_size
+
+
+def all_reduce_max(x: torch.Tensor, info: DistInfo) -> torch.Tensor:
+    """The largest value of x over all ranks (x itself in a single process)."""
+    if info.enabled:
+        x = x.clone()
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+    return x

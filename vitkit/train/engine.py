@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import contextlib
 import math
+import signal
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,10 +34,10 @@ from torch.utils.data import DataLoader, Dataset
 from ..checkpoint.native import save_pretrained
 from ..data import DatasetInfo, TensorImageDataset, build_datasets
 from ..errors import ConfigError, UserError, UserFileNotFoundError
-from ..io import atomic_write_text
+from ..io import DirectoryLock, atomic_write_text, remove_stale_temp_files
 from ..models import create_model
 from . import distributed as dist_utils
-from .config import TrainConfig
+from .config import TrainConfig, load_config
 from .finetune import init_from_checkpoint
 from .metrics import MetricsLog, plot_metrics, topk_correct
 from .optim import build_optimizer, lr_at, set_lr
@@ -46,7 +48,37 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class NonFiniteLossError(RuntimeError):
-    """Training stopped because the loss (or gradient norm) became NaN or infinite."""
+    """Training stopped because the loss, the gradient norm or the updated weights became NaN or infinite."""
+
+
+class TrainingInterrupted(RuntimeError):
+    """SIGINT or SIGTERM stopped training at a step boundary, after a resumable checkpoint was saved."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.signum = signum
+
+
+# What a resume may change: the length of the run and how it is run, logged and shown; everything else must
+# match the run's config.yaml (or run.resume_with_changes=true must say the change is meant).
+RESUMABLE = frozenset(
+    {
+        "schedule.steps",
+        "schedule.epochs",
+        "run.resume",
+        "run.resume_with_changes",
+        "run.progress",
+        "run.plots",
+        "run.log_every",
+        "run.eval_every",
+        "run.save_every",
+        "run.eval_batch_size",
+        "run.threads",
+        "run.device",
+        "run.compile",
+        "data.num_workers",
+    }
+)
 
 
 @dataclass
@@ -132,9 +164,32 @@ def choose_run_dir(out_dir: str | Path, name: str, resume: bool) -> Path:
         if not with_state:
             raise UserFileNotFoundError(f"run.resume=true but no {STATE_NAME} under {base} or {base}-N to resume")
         return with_state[-1]
+    base.parent.mkdir(parents=True, exist_ok=True)
     run_dir = base if not taken else base.parent / f"{name}-{k}"
-    run_dir.mkdir(parents=True)
-    return run_dir
+    while True:  # mkdir is the claim: of two processes choosing the same name, one moves on to the next
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            k += 1
+            run_dir = base.parent / f"{name}-{k}"
+
+
+def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(saved: TrainConfig, current: TrainConfig) -> list[str]:
+    """``key: saved -> current`` for each setting a resume may not change (see RESUMABLE)."""
+    old, new = _flat(saved.to_dict()), _flat(current.to_dict())
+    keys = sorted((set(old) | set(new)) - RESUMABLE)
+    return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
 # -------------------------------------------------------------------------------------------------- trainer
@@ -144,6 +199,8 @@ class Trainer:
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg
         self.t_start = time.perf_counter()
+        self.lock: DirectoryLock | None = None
+        self._signal: int | None = None  # set by SIGINT / SIGTERM during fit(): stop at the next step boundary
         self._threads = torch.get_num_threads()  # restored by close()
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
@@ -190,21 +247,45 @@ class Trainer:
         self.state_path = self.run_dir / STATE_NAME
         self.metrics = MetricsLog(self.run_dir)
         self.step, self.last_saved, self.last_eval = 0, None, {}
+        self.finished = False  # resumed at its end: nothing to train, evaluate or record again
         if cfg.run.resume:
             doc = load_train_state(self.state_path, self.model, self.optimizer, self.scaler)
             self.step, self.last_saved, self.last_eval = doc["step"], doc["step"], doc.get("metrics", {})
+            self.finished = self.step >= self.total_steps and bool(self.last_eval)
             if self.dist.is_main:
                 self.metrics.truncate(self.step)
+                self._write_config()  # only now that the state has loaded: a failed resume leaves the run as it was
 
     def _prepare_run_dir(self) -> Path:
+        """Rank 0 claims the run directory (its lock, for the life of this process), clears what a killed save
+        left behind, and for a resume checks the state and the config before anything in the run is touched."""
         run = self.cfg.run
         run_dir = None
         if self.dist.is_main:
             run_dir = choose_run_dir(run.out_dir, run.name or "run", run.resume)
-            if run.resume:  # the state must be readable before anything in the run is touched
+            self.lock = DirectoryLock(run_dir).acquire()
+            remove_stale_temp_files(run_dir)
+            if run.resume:
                 read_train_state(run_dir / STATE_NAME)
-            atomic_write_text(run_dir / "config.yaml", f"# resolved config of {run_dir}\n" + self.cfg.to_yaml())
+                self._check_resumed_config(run_dir)
+            else:
+                self.run_dir = run_dir
+                self._write_config()
         return Path(dist_utils.broadcast_object(str(run_dir), self.dist))
+
+    def _check_resumed_config(self, run_dir: Path) -> None:
+        saved_path = run_dir / "config.yaml"
+        if not saved_path.is_file() or self.cfg.run.resume_with_changes:
+            return
+        changes = config_changes(load_config(saved_path), self.cfg)
+        if changes:
+            raise UserError(
+                f"{run_dir}: run.resume=true with a config that differs from the run's ({'; '.join(changes)}); "
+                "resume with the run's own config, or add run.resume_with_changes=true if the change is meant"
+            )
+
+    def _write_config(self) -> None:
+        atomic_write_text(self.run_dir / "config.yaml", f"# resolved config of {self.run_dir}\n" + self.cfg.to_yaml())
 
     def batches(self, start_step: int) -> Iterator[Batch]:
         """This rank's micro-batches from start_step to the end, in the seeded order."""
@@ -263,16 +344,16 @@ class Trainer:
         self.step += 1
         return loss_value
 
+    def _last_good(self) -> str:
+        if self.last_saved is not None:
+            return f"{self.state_path} (step {self.last_saved})"
+        return "none was saved yet (set run.save_every to keep one)"
+
     def _stop_non_finite(self, what: str, value: float) -> None:
-        where = (
-            f"{self.state_path} (step {self.last_saved})"
-            if self.last_saved is not None
-            else "none was saved yet (set run.save_every to keep one)"
-        )
         raise NonFiniteLossError(
             f"non-finite {what} ({value}) at step {self.step + 1} (epoch {self.step // self.plan.steps_per_epoch}); "
-            f"training stopped without applying it. Last good checkpoint: {where}. Try a lower optim.lr, "
-            "optim.grad_clip, or run.amp=none"
+            f"training stopped without applying it. Last good checkpoint: {self._last_good()}. Try a lower "
+            "optim.lr, optim.grad_clip, or run.amp=none"
         )
 
     def evaluate(self) -> dict[str, float]:
@@ -296,8 +377,57 @@ class Trainer:
     def epoch(self) -> float:
         return round(self.step / self.plan.steps_per_epoch, 4)
 
+    def _stop_requested(self) -> bool:
+        """Whether a signal asked to stop (on any rank: every rank must stop at the same step)."""
+        if self.dist.enabled:
+            flag = torch.tensor(0.0 if self._signal is None else float(self._signal), device=self.device)
+            signum = int(dist_utils.all_reduce_max(flag, self.dist).item())
+            self._signal = self._signal or signum or None
+        return self._signal is not None
+
+    def _stop_on_signal(self, progress: Any) -> None:
+        if self.step != self.last_saved:
+            self.save()
+        if progress is not None:
+            progress.close()
+        name = signal.Signals(self._signal).name
+        raise TrainingInterrupted(
+            f"{name} at step {self.step} of {self.total_steps}: saved {self.state_path}; continue with the same "
+            "config and run.resume=true",
+            self._signal,
+        )
+
+    @contextlib.contextmanager
+    def _signals_stop_at_step_boundary(self) -> Iterator[None]:
+        """SIGINT / SIGTERM set a flag that the loop reads after each step (then save, stop); a second one acts
+        at once, as the previous handler would. Handlers are installed only for the duration of fit()."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+        def request_stop(signum: int, frame: Any) -> None:
+            self._signal = signum
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+        for s in previous:
+            signal.signal(s, request_stop)
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
     def save(self) -> None:
-        """Training state and the model (+ config.json with metadata), each written atomically."""
+        """Training state and the model (+ config.json with metadata), each written atomically; weights that are
+        not finite are never saved (the last good checkpoint stays the last one written)."""
+        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
+            bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+            raise NonFiniteLossError(
+                f"non-finite weights after step {self.step} ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
+                f"not saved. Last good checkpoint: {self._last_good()}. Try a lower optim.lr or optim.grad_clip"
+            )
         if self.dist.is_main:
             info = {"step": self.step, "epoch": self.epoch, "total_steps": self.total_steps, "metrics": self.last_eval}
             save_train_state(self.state_path, self.model, self.optimizer, info, self.scaler)
@@ -341,6 +471,8 @@ class Trainer:
                     progress.set_description(f"top-1 {100 * self.last_eval.get('eval_top1', 0):.1f}%")
             if run.save_every > 0 and self.step % run.save_every == 0 and self.step < self.total_steps:
                 self.save()
+            if self._stop_requested():
+                self._stop_on_signal(progress)
 
     def fit(self) -> TrainResult:
         """Train from the current step to the end, evaluate, save, plot; returns the final metrics."""
@@ -359,20 +491,27 @@ class Trainer:
         progress = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=not show)
         batches = self.batches(self.step)
         try:
-            while self.step < self.total_steps:
-                self.train_one_epoch(batches, progress)
+            with self._signals_stop_at_step_boundary():
+                while self.step < self.total_steps:
+                    self.train_one_epoch(batches, progress)
         finally:
             progress.close()
-        final = self.evaluate()
-        self.save()
+        if self.finished:  # a finished run resumed: its final evaluation is recorded already
+            final = self.last_eval
+        else:
+            final = self.evaluate()
+            self.save()
         if self.dist.is_main and self.cfg.run.plots:
             plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=self.cfg.optim.label_smoothing)
         return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, self.model.num_params())
 
     def close(self) -> None:
-        """Leave the process group and restore torch's thread count."""
+        """Leave the process group, restore torch's thread count and release the run directory."""
         dist_utils.cleanup(self.dist)
         torch.set_num_threads(self._threads)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
 
 def train(cfg: TrainConfig) -> TrainResult:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..io import atomic_write_text
+from ..io import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: runs without plots never load it
     from matplotlib.figure import Figure
@@ -132,5 +132,5 @@ def _finish(ax) -> None:
 
 def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     return path

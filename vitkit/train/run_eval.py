@@ -12,13 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from ..data import DataConfig, build_datasets
 from ..data.config import SOURCES
 from ..errors import UserError
 from ..predict import Preprocessing, load_for_inference
-from .config import config_from_dict
+from .config import config_from_dict, read_config_file
 from .distributed import pick_device
 from .engine import evaluate
 
@@ -27,13 +26,10 @@ NO_DATA = "the checkpoint does not record its data; name it with --data (e.g. di
 
 def _data_section(path: Path) -> dict[str, Any]:
     """The ``data`` section of a training config file."""
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({e})") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("data", {}), dict):
-        raise UserError(f"{path}: expected a training config with a 'data' mapping")
-    return dict(doc.get("data") or {})
+    data = read_config_file(path).get("data") or {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: the 'data' section must be a mapping of key: value")
+    return dict(data)
 
 
 def records_data(path: str | Path, metadata: dict[str, Any]) -> bool:
