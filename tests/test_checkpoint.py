@@ -381,3 +381,32 @@ def test_atomic_writes_get_the_usual_permissions(tmp_path):
         os.umask(old)
     assert (tmp_path / "a.json").stat().st_mode & 0o777 == 0o644
     assert not list(tmp_path.glob(".a.json.*"))  # no temp file left behind
+
+
+def test_weights_that_do_not_fit_never_load_quietly(tmp_path, capsys):
+    """The probe's cases: a config.json that says fewer blocks than the weights hold, and a timm state dict that
+    lost a whole block; both used to load (one evaluated at a fraction of its accuracy, one converted with a
+    block left at random init)."""
+    import json
+
+    from PIL import Image
+
+    model = tiny(depth=4)
+    Image.new("RGB", (32, 32)).save(tmp_path / "x.png")
+    save_pretrained(model, tmp_path / "run")
+    doc = json.loads((tmp_path / "run" / "config.json").read_text())
+    doc["model"]["depth"] = 2
+    (tmp_path / "run" / "config.json").write_text(json.dumps(doc))
+    with pytest.raises(UserError, match=r"do not fit the model; unexpected blocks\.2\..*\(24 in all\)"):
+        load_model(tmp_path / "run")
+    for command in (["eval", "--data", "synthetic"], ["predict"], ["fewshot", "--data", "synthetic"]):
+        extra = [str(tmp_path / "x.png")] if command == ["predict"] else []
+        assert cli_main([command[0], str(tmp_path / "run"), *extra, *command[1:]]) == 2
+        assert "do not fit the model" in capsys.readouterr().err
+
+    state = vitkit_to_timm(model)
+    lost = {k: v for k, v in state.items() if not k.startswith("blocks.1.")}
+    save_file(lost, str(tmp_path / "lost.safetensors"))
+    assert cli_main(["convert", str(tmp_path / "lost.safetensors"), str(tmp_path / "out"), "num_heads=4"]) == 2
+    err = capsys.readouterr().err
+    assert "missing blocks.1." in err and not (tmp_path / "out").exists()

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from test_train import tiny as tiny_doc
 
 from vitkit import UserError, VisionTransformer
 from vitkit.checkpoint import read_native, save_pretrained
@@ -24,14 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def tiny(tmp_path: Path, *overrides: str):
-    doc = {
-        "model": {"name": "vit_ti16", "patch_size": 8, "width": 32, "depth": 2, "num_heads": 2, "mlp_dim": 64},
-        "data": {"source": "synthetic", "img_size": 16, "synthetic_size": 64, "synthetic_classes": 4},
-        "optim": {"name": "adamw", "lr": 1e-3, "batch_size": 16},
-        "schedule": {"steps": 4, "warmup_steps": 2},
-        "run": {"out_dir": str(tmp_path / "runs"), "name": "tiny", "progress": False, "plots": False, "threads": 1},
-    }
-    return config_from_dict(doc, list(overrides))
+    """test_train's tiny synthetic run, as a config, with section.key=value overrides."""
+    return config_from_dict(tiny_doc(tmp_path), list(overrides))
 
 
 def _env() -> dict[str, str]:
