@@ -88,7 +88,7 @@ def test_training_config_takes_every_model_config_field():
     with pytest.raises(ConfigError, match=r"unknown config key 'model.widht'; did you mean model.width\?"):
         config_from_dict({}, ["model.widht=3"])
     with pytest.raises(ConfigError, match="model: ViTConfig.gelu='fast'"):
-        config_from_dict({}, ["model.gelu=fast"])
+        config_from_dict({}, ["model.name=vit_ti16", "model.gelu=fast"])
 
 
 def test_hybrid_and_numerics_fields_train_from_key_value(tmp_path):

@@ -72,6 +72,7 @@ def test_config_overrides_are_typed():
             "optim.betas=0.9,0.95",
             "run.compile=true",
             "schedule.steps=1e3",
+            "schedule.epochs=none",
             "data.mean=0.5,0.4,0.3",
             "model.representation_size=none",
             "run.init_from=null",
@@ -394,6 +395,7 @@ def test_short_digits_run_is_well_above_chance(tmp_path):
         None,
         [
             "schedule.steps=100",
+            "schedule.epochs=none",
             "schedule.warmup_steps=5",
             "optim.batch_size=64",
             "optim.lr=3e-3",

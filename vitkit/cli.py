@@ -97,7 +97,24 @@ def _add_data_source(p: argparse.ArgumentParser) -> None:
 def _data_overrides(args: argparse.Namespace) -> list[str]:
     """--root / --val-root and the trailing data.key=value items, as overrides of the data section."""
     given = [f"data.{k}={v}" for k, v in (("root", args.root), ("val_root", args.val_root)) if v is not None]
-    return given + list(getattr(args, "overrides", []))
+    return given + [o for o in getattr(args, "overrides", []) if o.strip().startswith("data.")]
+
+
+def _model_overrides(args: argparse.Namespace) -> dict:
+    """The trailing key=value items that are not data.key=value: fields of the checkpoint's model config
+    (num_heads=4, gelu=tanh, img_size=384), applied where the file does not say them or says them otherwise."""
+    from .checkpoint.loader import parse_overrides
+
+    return parse_overrides([o for o in getattr(args, "overrides", []) if not o.strip().startswith("data.")])
+
+
+def _split_files(items: list[str]) -> tuple[list[str], list[str]]:
+    """Positional items -> (files, key=value overrides): a key=value item that is not an existing file."""
+    import re
+    from pathlib import Path
+
+    overrides = [i for i in items if re.match(r"^[A-Za-z_][\w.]*=", i) and not Path(i).exists()]
+    return [i for i in items if i not in overrides], overrides
 
 
 def _checkpoint_data(args: argparse.Namespace, metadata: dict, prep) -> tuple:
@@ -112,7 +129,9 @@ def _checkpoint_data(args: argparse.Namespace, metadata: dict, prep) -> tuple:
 @arguments("fewshot")
 def add_fewshot(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="any checkpoint vitkit reads (vitkit dir, official .npz, HF dir, timm file)")
-    p.add_argument("overrides", nargs="*", metavar="data.key=value", help="changes to the data config")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="model fields (num_heads=4) or data changes (data.key=v)"
+    )
     _add_data_source(p)
     p.add_argument("--shots", type=int, nargs="+", default=[1, 5, 10, 25], help="examples per class (1 5 10 25)")
     p.add_argument("--seeds", type=int, default=3, help="random subsets per shot count (default 3)")
@@ -132,7 +151,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     from .io import atomic_write_text
     from .predict import load_for_inference
 
-    model, prep, metadata = load_for_inference(args.checkpoint)
+    model, prep, metadata = load_for_inference(args.checkpoint, **_model_overrides(args))
     cfg, train, test, info = _checkpoint_data(args, metadata, prep)
     result = fewshot(model, train, test, args.shots, args.seeds, args.l2, args.batch_size, info.num_classes)
     print(f"few-shot linear accuracy of {args.checkpoint} on {cfg.source} ({len(train)} train images to draw from)")
@@ -148,7 +167,12 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
 @arguments("inspect")
 def add_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="any checkpoint vitkit reads")
-    p.add_argument("images", nargs="*", help="images to explain (default: a few from the checkpoint's own data)")
+    p.add_argument(
+        "images",
+        nargs="*",
+        help="images to explain (default: a few from the checkpoint's own data); key=value items change model "
+        "fields (num_heads=4) or the data (data.key=value)",
+    )
     p.add_argument("--out", required=True, help="directory for the PNG figures and index.md / index.json")
     _add_data_source(p)
     p.add_argument("--num-images", type=int, default=4, help="images explained when taken from the data (4)")
@@ -164,7 +188,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     from .predict import load_for_inference, read_labels
     from .train.run_eval import NO_DATA, records_data
 
-    model, prep, metadata = load_for_inference(args.checkpoint)
+    args.images, args.overrides = _split_files(args.images)
+    model, prep, metadata = load_for_inference(args.checkpoint, **_model_overrides(args))
     names = read_labels(args.labels) if args.labels else prep.class_names
     notes, status, distance_inputs = [], 0, None
     if args.images:
@@ -195,7 +220,12 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 @arguments("predict")
 def add_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="any checkpoint vitkit reads")
-    p.add_argument("images", nargs="+", help="image files (any size: resized by the model's eval preprocessing)")
+    p.add_argument(
+        "images",
+        nargs="+",
+        help="image files (any size: resized by the model's eval preprocessing); key=value items change model "
+        "fields (num_heads=4, gelu=tanh)",
+    )
     p.add_argument("--top-k", type=int, default=5, help="classes to show per image (default 5)")
     p.add_argument("--labels", help="class names, one per line (default: from the checkpoint metadata, else indices)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
@@ -209,7 +239,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     from .predict import format_predictions, load_for_inference, predict_files, read_labels
 
-    model, prep, _ = load_for_inference(args.checkpoint)
+    args.images, args.overrides = _split_files(args.images)
+    if not args.images:
+        raise UserError("predict: no image files given")
+    model, prep, _ = load_for_inference(args.checkpoint, **_model_overrides(args))
     names = read_labels(args.labels) if args.labels else None
     if args.fast:
         from .fast import optimize_for_inference
@@ -301,7 +334,8 @@ def add_train(p: argparse.ArgumentParser) -> None:
         nargs="*",
         metavar="CONFIG | section.key=value",
         help="a YAML config or a shipped one (digits, vit_b16_pretrain, vit_b16_finetune; default digits), then "
-        "typed overrides such as optim.lr=3e-4 schedule.epochs=10 run.resume=true",
+        "typed overrides such as optim.lr=3e-4 schedule.epochs=10 run.resume=true; every key, its type, default "
+        "and meaning: vitkit config",
     )
 
 
@@ -312,19 +346,16 @@ def _split_spec(spec: list[str]) -> tuple[str | None, list[str]]:
     return None, spec
 
 
-@command("train", "train or fine-tune a model from a config (default: a small ViT on the embedded digits)")
-def cmd_train(args: argparse.Namespace) -> int:
-    from .train import NonFiniteLossError, TrainingInterrupted, load_config, train
+def _run_training(cfg, command: str) -> int:
+    from .train import NonFiniteLossError, TrainingInterrupted, train
 
-    config, overrides = _split_spec(args.spec)
-    cfg = load_config(config, overrides)
     try:
         result = train(cfg)
     except NonFiniteLossError as e:
-        print(f"vitkit train: stopped: {e}", file=sys.stderr)
+        print(f"vitkit {command}: stopped: {e}", file=sys.stderr)
         return 1
     except TrainingInterrupted as e:
-        print(f"vitkit train: interrupted: {e}", file=sys.stderr)
+        print(f"vitkit {command}: interrupted: {e}", file=sys.stderr)
         return 128 + e.signum  # the shell's code for a process ended by that signal
     if os.environ.get("RANK", "0") != "0":
         return 0
@@ -337,10 +368,61 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+@command("train", "train or fine-tune a model from a config (default: a small ViT on the embedded digits)")
+def cmd_train(args: argparse.Namespace) -> int:
+    from .train import load_config
+
+    config, overrides = _split_spec(args.spec)
+    return _run_training(load_config(config, overrides), "train")
+
+
+@arguments("finetune")
+def add_finetune(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="a pretrained tag (vitkit models --pretrained), a checkpoint file or a run directory")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="changes to the recipe (vitkit config)")
+    p.add_argument(
+        "--data",
+        required=True,
+        metavar="DATA",
+        help="an image folder DIR/<class>/<images>, a source (digits, synthetic, folder, cifar10, cifar100; files "
+        "through data.root=DIR) or a training config .yaml (its data section)",
+    )
+
+
+@command("finetune", "fine-tune a checkpoint on a data set with the paper's recipe, in one command")
+def cmd_finetune(args: argparse.Namespace) -> int:
+    from .train.finetune import finetune_config
+
+    cfg = finetune_config(args.source, args.data, args.overrides)
+    s, o = cfg.schedule, cfg.optim
+    length = f"{s.steps} steps" if s.steps is not None else f"{s.epochs:g} epochs"
+    print(
+        f"fine-tuning {args.source} on {cfg.data.source} at {cfg.data.img_size} px: {o.name} lr {o.lr:g}, batch "
+        f"{o.batch_size}, {length} (warmup {s.warmup_steps}, {s.decay}); every key: vitkit config"
+    )
+    return _run_training(cfg, "finetune")
+
+
+@arguments("config")
+def add_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", nargs="*", metavar="CONFIG | section.key=value", help="show this config's values")
+
+
+@command("config", "every training config key with its type, value (default or the given config's) and meaning")
+def cmd_config(args: argparse.Namespace) -> int:
+    from .train.config import describe_config, load_config
+
+    config, overrides = _split_spec(args.spec)
+    print(describe_config(load_config(config, overrides) if args.spec else None))
+    return 0
+
+
 @arguments("eval")
 def add_eval(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="a training run directory or any checkpoint vitkit.load_model reads")
-    p.add_argument("overrides", nargs="*", metavar="data.key=value", help="changes to the data config")
+    p.add_argument(
+        "overrides", nargs="*", metavar="key=value", help="model fields (num_heads=4) or data changes (data.key=v)"
+    )
     _add_data_source(p)
     p.add_argument("--batch-size", type=int, default=512)
     p.add_argument("--device", default="auto")
@@ -350,7 +432,9 @@ def add_eval(p: argparse.ArgumentParser) -> None:
 def cmd_eval(args: argparse.Namespace) -> int:
     from .train.run_eval import evaluate_checkpoint
 
-    m = evaluate_checkpoint(args.checkpoint, args.data, _data_overrides(args), args.device, args.batch_size)
+    m = evaluate_checkpoint(
+        args.checkpoint, args.data, _data_overrides(args), args.device, args.batch_size, **_model_overrides(args)
+    )
     print(
         f"{args.checkpoint}: top-1 {100 * m['eval_top1']:.2f}%  top-5 {100 * m['eval_top5']:.2f}%  "
         f"loss {m['eval_loss']:.4f}  ({m['eval_images']} images, {m['data']})"

@@ -41,10 +41,10 @@ class DataConfig:
     val_root: str | None = None  # folder: a separate evaluation tree; None = hold out val_fraction of root
     val_fraction: float = 0.2  # folder (without val_root) and synthetic: stratified held-out fraction
     split_seed: int = 0  # seed of that split (and of the synthetic images)
-    img_size: int | None = None
+    img_size: int | None = None  # input size in pixels (None: the source's default)
     in_chans: int | None = None  # 3 = RGB; 1 = grayscale (digits: 3 repeats the single channel)
     mean: float | list[float] = 0.5  # in [0, 1] pixel units; 0.5 / 0.5 maps pixels to [-1, 1] as the paper
-    std: float | list[float] = 0.5
+    std: float | list[float] = 0.5  # per channel, in [0, 1] pixel units, like mean
     train_augment: str | None = None  # "inception_crop" | "shift" | "none"
     flip: bool | None = None  # random horizontal flip for training
     shift_pixels: int | None = None  # "shift": maximum shift in pixels of the resized image
@@ -54,7 +54,7 @@ class DataConfig:
     verify: bool = False  # decode every folder image when the dataset is built, to find corrupt files up front
     num_workers: int = 0  # DataLoader worker processes
     synthetic_size: int = 256  # synthetic: number of images (train + eval)
-    synthetic_classes: int = 4
+    synthetic_classes: int = 4  # synthetic: number of classes
 
     def resolve(self) -> DataConfig:
         """A copy with every ``None`` replaced by the source default, validated."""

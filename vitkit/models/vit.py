@@ -36,23 +36,23 @@ class ViTConfig:
     Serialisable with ``to_dict`` / ``ViTConfig(**d)``; every field is checked here, where the config is built.
     """
 
-    img_size: int | tuple[int, int] = 224
-    patch_size: int | tuple[int, int] = 16
-    in_chans: int = 3
+    img_size: int | tuple[int, int] = 224  # input size in pixels (square int, or (height, width))
+    patch_size: int | tuple[int, int] = 16  # pixels per patch side (hybrids: feature-map cells)
+    in_chans: int = 3  # input channels
     num_classes: int = 1000  # 0: no head (forward gives the representation)
-    width: int = 768
-    depth: int = 12
-    num_heads: int = 12
-    mlp_dim: int = 3072
+    width: int = 768  # token width D
+    depth: int = 12  # encoder blocks L
+    num_heads: int = 12  # attention heads per block
+    mlp_dim: int = 3072  # hidden width of each block's MLP
     classifier: str = "token"  # "token": class token; "gap": mean of the patch tokens
     representation_size: int | None = None  # pre-logits Dense + tanh (pretraining head); None or 0: none
-    dropout: float = 0.0
-    attn_dropout: float = 0.0
-    ln_eps: float = 1e-6
+    dropout: float = 0.0  # dropout after the position embedding, attention output and MLP layers
+    attn_dropout: float = 0.0  # dropout on the attention probabilities
+    ln_eps: float = 1e-6  # LayerNorm epsilon (official 1e-6; Hugging Face 1e-12)
     gelu: str = "tanh"  # "tanh" (official, Flax) or "exact" (erf: torch, timm, HF)
     pos_embed: str = "learned"  # "learned" (1-D), "learned_2d", "sincos_2d", "none"
     resnet_layers: tuple[int, ...] | None = None  # hybrid stem: None = no stem, () = root only
-    resnet_width: float = 1
+    resnet_width: float = 1  # hybrid stem width factor (64 x it channels at the root)
     attn_impl: str = "sdpa"  # the default attention path: "sdpa" (fused) or "explicit"; a call may choose another
     dynamic_img_size: bool = False  # accept other input sizes by resampling position embeddings per call
     arch: str = field(default="vit", init=False)

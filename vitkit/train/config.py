@@ -26,7 +26,9 @@ from typing import Any
 import yaml
 
 from ..data import DataConfig
+from ..data.config import SOURCES
 from ..errors import ConfigError, UserError, UserFileNotFoundError
+from ..models import ResNetConfig, ViTConfig
 from ..models.registry import MODELS, config_class, model_config, unknown_model
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
@@ -37,15 +39,16 @@ REQUIRED = "???"  # a config value the user must supply on the command line
 
 @dataclass
 class ModelConfig:
-    """A registered model and the fields of its config to change.
+    """A registered model (or the architecture of run.init_from) and the fields of its config to change.
 
     Every field of the row's config class (ViTConfig, or ResNetConfig for a ResNet row) is a key of this
     section, typed and checked by that class: ``model.resnet_layers=3,4,9``, ``model.gelu=exact``,
     ``model.ln_eps=1e-12``. Fields left unset keep the registry's values, except ``img_size``, ``in_chans`` and
-    ``num_classes``, which follow the data.
+    ``num_classes``, which follow the data. Without a name, the model is the one run.init_from holds, read
+    from the checkpoint itself (its fields checked when the model is built).
     """
 
-    name: str = "vit_ti16"
+    name: str | None = None
     fields: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -56,17 +59,17 @@ class ModelConfig:
 class OptimConfig:
     """``batch_size`` is the global batch per optimizer step: accum_steps micro-batches, split across ranks."""
 
-    name: str = "adamw"
-    lr: float = 1e-3
+    name: str = "adamw"  # adamw, adam or sgd
+    lr: float = 1e-3  # peak learning rate (reached after the warmup)
     weight_decay: float = 0.05  # decoupled for adamw, L2 for adam/sgd; never on biases, norms, embeddings
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
+    betas: tuple[float, float] = (0.9, 0.999)  # adam / adamw moment decay rates
+    eps: float = 1e-8  # adam / adamw denominator epsilon
     momentum: float = 0.9  # sgd only
-    nesterov: bool = False
+    nesterov: bool = False  # sgd only: Nesterov momentum
     grad_clip: float = 1.0  # global grad-norm clip; 0 turns it off
-    label_smoothing: float = 0.0
-    batch_size: int = 128
-    accum_steps: int = 1
+    label_smoothing: float = 0.0  # cross-entropy label smoothing in [0, 1)
+    batch_size: int = 128  # images per optimizer step, over all ranks and micro-batches
+    accum_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
 
     def __post_init__(self) -> None:
         _check_choice("optim.name", self.name, OPTIMIZERS)
@@ -83,42 +86,55 @@ class OptimConfig:
 
 @dataclass
 class ScheduleConfig:
-    """Length in optimizer steps (when > 0, it wins) or in epochs; linear warmup, then decay to min_lr."""
+    """The run's length, in optimizer steps or in epochs (one of the two); linear warmup, then decay to min_lr.
 
-    steps: int = 0
-    epochs: float = 10.0
-    warmup_steps: int = 0
-    decay: str = "cosine"
-    min_lr: float = 0.0
+    With neither, a fine-tune (run.init_from) takes the paper's length for the data's size and a run from
+    scratch 10 epochs (see vitkit.train.finetune.default_steps). A warmup as long as the run is shortened to
+    half of it, with a warning, so that the learning rate reaches optim.lr.
+    """
+
+    steps: int | None = None  # optimizer steps (0 or none: not set)
+    epochs: float | None = None  # passes over the training data (none: not set)
+    warmup_steps: int = 0  # linear warmup from optim.lr / warmup_steps to optim.lr
+    decay: str = "cosine"  # after the warmup: cosine, linear or constant
+    min_lr: float = 0.0  # the learning rate at the last step
 
     def __post_init__(self) -> None:
         _check_choice("schedule.decay", self.decay, DECAYS)
+        if self.steps == 0:  # older configs wrote 0 for "not set"
+            self.steps = None
         for key in ("steps", "warmup_steps", "min_lr"):
-            _check_at_least(f"schedule.{key}", getattr(self, key), 0)
-        if self.steps <= 0 and self.epochs <= 0:
-            raise UserError("schedule: set schedule.steps or schedule.epochs to a positive number")
+            if getattr(self, key) is not None:
+                _check_at_least(f"schedule.{key}", getattr(self, key), 0)
+        if self.epochs is not None and not self.epochs > 0:
+            raise UserError(f"schedule.epochs={self.epochs}: expected a positive number (or none)")
+        if self.steps is not None and self.epochs is not None:
+            raise UserError(
+                f"schedule.steps={self.steps} and schedule.epochs={self.epochs:g} are both set; give one: add "
+                "schedule.steps=none to count in epochs, or schedule.epochs=none to count in steps"
+            )
 
 
 @dataclass
 class RunConfig:
     """Outputs and execution. Cadences are in optimizer steps; 0 means 'only at the end'."""
 
-    out_dir: str = "runs"
+    out_dir: str = "runs"  # where run directories are made
     name: str | None = None  # run directory name; default: the config file's stem
-    seed: int = 0
-    log_every: int = 10
-    eval_every: int = 0
-    save_every: int = 0
-    eval_batch_size: int = 512
+    seed: int = 0  # seeds init, data order, augmentation and dropout (resume is exact)
+    log_every: int = 10  # steps between train records in metrics.jsonl (0: only at the end)
+    eval_every: int = 0  # steps between evaluations (0: only at the end)
+    save_every: int = 0  # steps between checkpoints (0: only at the end)
+    eval_batch_size: int = 512  # images per evaluation forward pass
     amp: str = "none"  # "bf16" autocast (CPU or CUDA), "fp16" autocast + GradScaler (CUDA)
-    compile: bool = False
+    compile: bool = False  # torch.compile the training model
     device: str = "auto"  # "auto": cuda if available (the local rank's GPU under torchrun), else cpu
     threads: int = 0  # torch.set_num_threads on CPU; 0 keeps torch's default
     resume: bool = False  # continue the newest run directory of this name from its training state
     resume_with_changes: bool = False  # resume even where the config differs from the run's (beyond RESUMABLE)
     init_from: str | None = None  # fine-tune from any checkpoint vitkit.load_pretrained reads
-    progress: bool = True
-    plots: bool = True
+    progress: bool = True  # show a progress bar
+    plots: bool = True  # write loss.png and accuracy.png at the end
 
     def __post_init__(self) -> None:
         _check_choice("run.amp", self.amp, AMPS)
@@ -255,11 +271,14 @@ def _build_section(cls: type, values: dict[str, Any], section: str) -> Any:
 
 def _build_model_section(values: dict[str, Any]) -> ModelConfig:
     """The model section: ``name``, then fields typed and checked by the named row's config class."""
-    name = _coerce(values.get("name", ModelConfig.name), str, "model.name")
-    if name not in MODELS:
+    name = values.get("name")
+    name = None if name is None or str(name).lower() in ("none", "null") else _coerce(name, str, "model.name")
+    if name is not None and name not in MODELS:
         raise UserError(f"model.name: {unknown_model(name)}")
-    cls = config_class(MODELS[name]["arch"])
-    types_ = _section_types(cls)
+    if name is None:  # the checkpoint's architecture: a key of either config class, checked at build time
+        types_ = {**_section_types(ResNetConfig), **_section_types(ViTConfig)}
+    else:
+        types_ = _section_types(config_class(MODELS[name]["arch"]))
     fields = {}
     for key, value in values.items():
         if key == "name":
@@ -269,12 +288,13 @@ def _build_model_section(values: dict[str, Any]) -> ModelConfig:
         if value is None and type(None) not in typing.get_args(types_[key]):
             continue  # a null for a field that cannot be None means "the registry's value", as older configs wrote it
         fields[key] = _coerce(value, types_[key], f"model.{key}")
-    with warnings.catch_warnings():  # a border warning is for the model actually built, at the data's size
-        warnings.simplefilter("ignore")
-        try:
-            model_config(name, **fields)
-        except ConfigError as e:
-            raise ConfigError(f"model: {e}") from None
+    if name is not None:
+        with warnings.catch_warnings():  # a border warning is for the model actually built, at the data's size
+            warnings.simplefilter("ignore")
+            try:
+                model_config(name, **fields)
+            except ConfigError as e:
+                raise ConfigError(f"model: {e}") from None
     return ModelConfig(name, fields)
 
 
@@ -377,6 +397,25 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return doc or {}
 
 
+def data_section(data: str) -> dict[str, Any]:
+    """What ``--data`` names, as a data section: a source (digits, synthetic, folder, cifar10, cifar100), an image
+    folder ``DIR/<class>/<images>`` (the folder source with that root), or a training config .yaml (its data
+    section). One meaning for every command that takes ``--data``."""
+    path = Path(data)
+    if data in SOURCES:
+        return {"source": data}
+    if path.is_dir():
+        return {"source": "folder", "root": data}
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        section = read_config_file(path).get("data") or {}
+        if not isinstance(section, dict):
+            raise UserError(f"{path}: the 'data' section must be a mapping of key: value")
+        return dict(section)
+    raise UserError(
+        f"--data {data!r}: expected a source ({', '.join(SOURCES)}), an image folder or a config .yaml file"
+    )
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
     """Load a YAML config (a path or a shipped name; default: digits) and apply overrides.
 
@@ -391,3 +430,37 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     if cfg.run.name is None:
         cfg.run.name = path.stem
     return cfg
+
+
+# ------------------------------------------------------------------------------------------- describing
+def field_comments(cls: type) -> dict[str, str]:
+    """The comment on each field's declaration line: the one place a key's meaning is written."""
+    import inspect
+    import re
+
+    comments = {}
+    for line in inspect.getsource(cls).splitlines():
+        if m := re.match(r"^\s+(\w+): [^#]*#\s*(.*)$", line):
+            comments[m.group(1)] = m.group(2).strip()
+    return comments
+
+
+def describe_config(cfg: TrainConfig | None = None) -> str:
+    """Every key of a training config: ``section.key  type  value  meaning``; values are the defaults, or
+    cfg's. The model section lists the fields of ViTConfig (or of the named row's config class)."""
+    cfg = cfg or TrainConfig()
+    rows = [("model.name", "str | None", repr(cfg.model.name), "a registered model; none: run.init_from's own")]
+    model_cls = config_class(MODELS[cfg.model.name]["arch"]) if cfg.model.name else ViTConfig
+    notes = field_comments(model_cls)
+    for key, tp in _section_types(model_cls).items():
+        value = cfg.model.fields.get(key, "(row's)" if cfg.model.name else "(checkpoint's)")
+        rows.append((f"model.{key}", _type_name(tp), str(value), notes.get(key, "")))
+    for section, cls in SECTIONS.items():
+        if section == "model":
+            continue
+        notes = field_comments(cls)
+        for key, tp in _section_types(cls).items():
+            value = getattr(getattr(cfg, section), key)
+            rows.append((f"{section}.{key}", _type_name(tp), repr(value), notes.get(key, "")))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return "\n".join(f"{k:<{widths[0]}}  {t:<{widths[1]}}  {v:<{widths[2]}}  {m}".rstrip() for k, t, v, m in rows)

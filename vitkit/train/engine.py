@@ -17,10 +17,12 @@ Run directory (rank 0 writes):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,14 +33,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
+from ..checkpoint.loader import Checkpoint
 from ..checkpoint.native import save_pretrained
 from ..data import DatasetInfo, TensorImageDataset, build_datasets
 from ..errors import ConfigError, UserError, UserFileNotFoundError
+from ..fast import bf16_is_fast
 from ..io import DirectoryLock, atomic_write_text, remove_stale_temp_files
 from ..models import create_model
+from ..models.common import check_fields
+from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
-from .config import TrainConfig, load_config
-from .finetune import init_from_checkpoint
+from .config import ScheduleConfig, TrainConfig, load_config
+from .finetune import default_steps, init_from_checkpoint, read_source
 from .metrics import MetricsLog, plot_metrics, topk_correct
 from .optim import build_optimizer, lr_at, set_lr
 from .sampling import SeededBatches, SeededItems, StepPlan, mix_seed
@@ -58,6 +64,8 @@ class TrainingInterrupted(RuntimeError):
         super().__init__(message)
         self.signum = signum
 
+
+DEFAULT_EPOCHS = 10  # a run from scratch that gives no length
 
 # What a resume may change: the length of the run and how it is run, logged and shown; everything else must
 # match the run's config.yaml (or run.resume_with_changes=true must say the change is meant).
@@ -91,8 +99,12 @@ class TrainResult:
 
 
 # ------------------------------------------------------------------------------------------------ model
-def build_model(cfg: TrainConfig, info: DatasetInfo) -> nn.Module:
-    """The configured registry model, its image size, channels and classes those of the data."""
+def build_model(cfg: TrainConfig, info: DatasetInfo, source: Checkpoint | None = None) -> nn.Module:
+    """The configured model, its image size, channels and classes those of the data.
+
+    The architecture is the registry row model.name, or without a name the one run.init_from holds (read from
+    ``source`` when the caller has it already); model fields change either.
+    """
     fields = dict(cfg.model.fields)
     for key, data_key, value in (
         ("img_size", "data.img_size", info.img_size),
@@ -103,7 +115,17 @@ def build_model(cfg: TrainConfig, info: DatasetInfo) -> nn.Module:
         if (tuple(given) if isinstance(given, (list, tuple)) else (given, given)) != (value, value):
             raise UserError(f"model.{key}={given} but the data gives {value} ({data_key}); the model follows the data")
     try:
-        return create_model(cfg.model.name, **fields)
+        if cfg.model.name is not None:
+            return create_model(cfg.model.name, **fields)
+        if not cfg.run.init_from:
+            raise UserError(
+                "model.name: not set; give a registered model (`vitkit models`), or run.init_from=CHECKPOINT to "
+                "fine-tune the model it holds"
+            )
+        base = dict((source or read_source(cfg.run.init_from)).config)
+        arch = base.pop("arch", "vit")
+        check_fields(config_class(arch), fields)
+        return model_from_config({"arch": arch, **base, **fields})
     except ConfigError as e:
         raise ConfigError(f"model: {e}") from None
 
@@ -223,14 +245,21 @@ class Trainer:
         self.plan = StepPlan(
             len(self.train_ds), o.batch_size, o.accum_steps, self.dist.world_size, self.dist.rank, cfg.run.seed
         )
-        s = cfg.schedule
-        self.total_steps = s.steps if s.steps > 0 else math.ceil(s.epochs * self.plan.steps_per_epoch)
+        self.total_steps = self._run_length()
+        self.schedule = self._schedule()
+        if cfg.run.amp == "bf16" and self.device.type == "cpu" and not bf16_is_fast(self.device):
+            warnings.warn(
+                "run.amp=bf16 on a CPU without native bf16 (AMX or AVX512-BF16): bf16 is emulated here, several "
+                "times slower than fp32 for the same steps; run.amp=none is faster on this machine",
+                stacklevel=2,
+            )
 
+        source = read_source(cfg.run.init_from) if cfg.run.init_from else None  # read once: architecture, weights
         torch.manual_seed(mix_seed(cfg.run.seed, 0x1417))  # model init
-        self.model = build_model(cfg, self.info)
+        self.model = build_model(cfg, self.info, source)
         self.init_report = None
-        if cfg.run.init_from:
-            self.init_report = init_from_checkpoint(self.model, cfg.run.init_from, self.info.num_classes)
+        if source is not None:
+            self.init_report = init_from_checkpoint(self.model, source, self.info.num_classes)
         self.model.to(self.device)
         # fused kernels exist on CUDA and CPU; on CPU they are ~5x faster than the per-tensor (foreach) path
         self.optimizer = build_optimizer(self.model, o, fused=self.device.type in ("cuda", "cpu"))
@@ -255,6 +284,31 @@ class Trainer:
             if self.dist.is_main:
                 self.metrics.truncate(self.step)
                 self._write_config()  # only now that the state has loaded: a failed resume leaves the run as it was
+
+    def _run_length(self) -> int:
+        """Optimizer steps of the run: schedule.steps, or schedule.epochs; with neither, a fine-tune takes the
+        paper's length for the data's size and a run from scratch 10 epochs."""
+        s, plan = self.cfg.schedule, self.plan
+        if s.steps is not None:
+            return s.steps
+        if s.epochs is not None:
+            return math.ceil(s.epochs * plan.steps_per_epoch)
+        if self.cfg.run.init_from:
+            return default_steps(len(self.train_ds), self.cfg.optim.batch_size)
+        return math.ceil(DEFAULT_EPOCHS * plan.steps_per_epoch)
+
+    def _schedule(self) -> ScheduleConfig:
+        """The schedule as run: a warmup as long as the run would never reach optim.lr, so it is halved to fit."""
+        s = self.cfg.schedule
+        if s.warmup_steps < self.total_steps:
+            return s
+        warmup = self.total_steps // 2
+        warnings.warn(
+            f"schedule.warmup_steps={s.warmup_steps} is not shorter than the run ({self.total_steps} steps), so the "
+            f"learning rate would never reach optim.lr={self.cfg.optim.lr:g}; warming up over {warmup} steps instead",
+            stacklevel=3,
+        )
+        return dataclasses.replace(s, warmup_steps=warmup)
 
     def _prepare_run_dir(self) -> Path:
         """Rank 0 claims the run directory (its lock, for the life of this process), clears what a killed save
@@ -315,7 +369,7 @@ class Trainer:
     def train_step(self, batches: Iterator[Batch]) -> float:
         """One optimizer step over accum_steps micro-batches; returns the mean loss (over ranks)."""
         cfg, step = self.cfg, self.step
-        set_lr(self.optimizer, lr_at(step, self.total_steps, cfg.optim.lr, cfg.schedule))
+        set_lr(self.optimizer, lr_at(step, self.total_steps, cfg.optim.lr, self.schedule))
         accum = cfg.optim.accum_steps
         loss_sum = torch.zeros((), device=self.device)
         for micro in range(accum):

@@ -14,22 +14,13 @@ from typing import Any
 import torch
 
 from ..data import DataConfig, build_datasets
-from ..data.config import SOURCES
 from ..errors import UserError
 from ..predict import Preprocessing, load_for_inference
-from .config import config_from_dict, read_config_file
+from .config import config_from_dict, data_section
 from .distributed import pick_device
 from .engine import evaluate
 
 NO_DATA = "the checkpoint does not record its data; name it with --data (e.g. digits)"
-
-
-def _data_section(path: Path) -> dict[str, Any]:
-    """The ``data`` section of a training config file."""
-    data = read_config_file(path).get("data") or {}
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: the 'data' section must be a mapping of key: value")
-    return dict(data)
 
 
 def records_data(path: str | Path, metadata: dict[str, Any]) -> bool:
@@ -58,25 +49,13 @@ def checkpoint_data(
     crop) is then the checkpoint's own, and training images are not augmented, since evaluation, few-shot
     features and inspection need the plain images.
     """
-    source = Path(data) if data is not None else None
-    if data is None:
+    if data is not None:
+        doc = data_section(data)
+    elif records_data(path, metadata):
         run_yaml = (Path(path) if Path(path).is_dir() else Path(path).parent) / "config.yaml"
-        if run_yaml.is_file():
-            doc = _data_section(run_yaml)
-        elif metadata.get("source") in ("digits", "synthetic"):
-            doc = {"source": metadata["source"]}
-        else:
-            raise UserError(f"{path}: {NO_DATA}")
-    elif data in SOURCES:
-        doc = {"source": data}
-    elif source.is_dir():
-        doc = {"source": "folder", "root": data}
-    elif source.suffix in (".yaml", ".yml") and source.is_file():
-        doc = _data_section(source)
+        doc = data_section(str(run_yaml)) if run_yaml.is_file() else {"source": metadata["source"]}
     else:
-        raise UserError(
-            f"--data {data!r}: expected a source ({', '.join(SOURCES)}), an image folder or a config .yaml file"
-        )
+        raise UserError(f"{path}: {NO_DATA}")
     bad = [o for o in overrides if not o.strip().startswith("data.")]
     if bad:
         raise UserError(f"overrides {bad}: only data.key=value overrides apply here")
@@ -100,9 +79,11 @@ def evaluate_checkpoint(
     overrides: Sequence[str] = (),
     device: str = "auto",
     batch_size: int = 512,
+    **model_overrides: Any,
 ) -> dict[str, Any]:
-    """Metrics of the checkpoint at path (a run directory or any format load_model reads) on its data."""
-    model, prep, metadata = load_for_inference(path)
+    """Metrics of the checkpoint at path (a run directory or any format load_model reads) on its data;
+    ``model_overrides`` change the checkpoint's model config (what a bare state dict does not say)."""
+    model, prep, metadata = load_for_inference(path, **model_overrides)
     data_cfg = checkpoint_data(path, metadata, prep, data, overrides)
     _, eval_ds, info = build_datasets(data_cfg)
     num_classes = model.config.num_classes
