@@ -70,9 +70,12 @@ class OptimConfig:
     label_smoothing: float = 0.0  # cross-entropy label smoothing in [0, 1)
     batch_size: int = 128  # images per optimizer step, over all ranks and micro-batches
     accum_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
+    polyak: float = 0.0  # Polyak (EMA) averaging of the weights, e.g. 0.9999 as the paper; 0: off
 
     def __post_init__(self) -> None:
         _check_choice("optim.name", self.name, OPTIMIZERS)
+        if not 0 <= self.polyak < 1:
+            raise UserError(f"optim.polyak={self.polyak}: expected a factor in [0, 1) (0 turns averaging off)")
         for key in ("lr", "weight_decay", "grad_clip"):
             _check_at_least(f"optim.{key}", getattr(self, key), 0)
         if not 0 <= self.label_smoothing < 1:

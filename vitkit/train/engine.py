@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from torch.utils.data import DataLoader, Dataset
 
 from ..checkpoint.loader import Checkpoint
@@ -263,6 +264,7 @@ class Trainer:
         self.model.to(self.device)
         # fused kernels exist on CUDA and CPU; on CPU they are ~5x faster than the per-tensor (foreach) path
         self.optimizer = build_optimizer(self.model, o, fused=self.device.type in ("cuda", "cpu"))
+        self.averaged = self._polyak(o.polyak)
         self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.run.amp == "fp16")
         self.ddp = None  # DDP wrapper (multi-process); compiled after wrapping, as PyTorch recommends
         if self.dist.enabled:
@@ -278,12 +280,29 @@ class Trainer:
         self.step, self.last_saved, self.last_eval = 0, None, {}
         self.finished = False  # resumed at its end: nothing to train, evaluate or record again
         if cfg.run.resume:
-            doc = load_train_state(self.state_path, self.model, self.optimizer, self.scaler)
+            doc = load_train_state(self.state_path, self.model, self.optimizer, self.scaler, self.averaged)
             self.step, self.last_saved, self.last_eval = doc["step"], doc["step"], doc.get("metrics", {})
             self.finished = self.step >= self.total_steps and bool(self.last_eval)
             if self.dist.is_main:
                 self.metrics.truncate(self.step)
                 self._write_config()  # only now that the state has loaded: a failed resume leaves the run as it was
+
+    def _polyak(self, decay: float) -> AveragedModel | None:
+        """The Polyak-averaged copy of the model (optim.polyak), starting from the initial weights.
+
+        Every step moves it towards the new weights by (1 - decay), one fused lerp over all parameters
+        (torch's own EMA averaging); each rank does the same on identical weights, so it is DDP-safe.
+        """
+        if not decay:
+            return None
+        averaged = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(decay))
+        averaged.update_parameters(self.model)  # the first update copies: the average starts at the initial weights
+        return averaged
+
+    @property
+    def eval_model(self) -> nn.Module:
+        """What is evaluated and saved as the run's model: the averaged weights when optim.polyak is on."""
+        return self.averaged.module if self.averaged is not None else self.model
 
     def _run_length(self) -> int:
         """Optimizer steps of the run: schedule.steps, or schedule.epochs; with neither, a fine-tune takes the
@@ -395,6 +414,8 @@ class Trainer:
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.averaged is not None:
+            self.averaged.update_parameters(self.model)
         self.step += 1
         return loss_value
 
@@ -415,7 +436,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         if self.dist.is_main:
             metrics = evaluate(
-                self.model,
+                self.eval_model,
                 self.eval_ds,
                 self.device,
                 self.cfg.run.eval_batch_size,
@@ -476,17 +497,22 @@ class Trainer:
     def save(self) -> None:
         """Training state and the model (+ config.json with metadata), each written atomically; weights that are
         not finite are never saved (the last good checkpoint stays the last one written)."""
-        if not all(bool(torch.isfinite(p).all()) for p in self.model.parameters()):
-            bad = [n for n, p in self.model.named_parameters() if not bool(torch.isfinite(p).all())]
+        named = [*self.model.named_parameters()]
+        if self.averaged is not None:
+            named += [(f"averaged {n}", p) for n, p in self.averaged.module.named_parameters()]
+        if not all(bool(torch.isfinite(p).all()) for _, p in named):
+            bad = [n for n, p in named if not bool(torch.isfinite(p).all())]
             raise NonFiniteLossError(
                 f"non-finite weights after step {self.step} ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
                 f"not saved. Last good checkpoint: {self._last_good()}. Try a lower optim.lr or optim.grad_clip"
             )
         if self.dist.is_main:
             info = {"step": self.step, "epoch": self.epoch, "total_steps": self.total_steps, "metrics": self.last_eval}
-            save_train_state(self.state_path, self.model, self.optimizer, info, self.scaler)
+            save_train_state(self.state_path, self.model, self.optimizer, info, self.scaler, self.averaged)
             meta = {**self.info.to_dict(), "step": self.step, "epoch": self.epoch, "metrics": self.last_eval}
-            save_pretrained(self.model, self.run_dir, metadata=meta)
+            if self.averaged is not None:  # the run's model is the averaged one; the raw weights are in the state
+                meta["weights"] = f"polyak average, factor {self.cfg.optim.polyak}"
+            save_pretrained(self.eval_model, self.run_dir, metadata=meta)
         dist_utils.barrier(self.dist)
         self.last_saved = self.step
 

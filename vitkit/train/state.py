@@ -34,9 +34,13 @@ def save_train_state(
     optimizer: torch.optim.Optimizer,
     info: dict[str, Any],
     scaler: torch.amp.GradScaler | None = None,
+    averaged: nn.Module | None = None,
 ) -> None:
-    """Write model + optimizer tensors and ``info`` (plain JSON: step, epoch, ...) atomically to path."""
+    """Write model + optimizer tensors (+ the Polyak-averaged model's) and ``info`` (plain JSON: step, epoch, ...)
+    atomically to path."""
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    if averaged is not None:
+        tensors.update({f"averaged.{k}": v.detach().contiguous().cpu() for k, v in averaged.state_dict().items()})
     optim = optimizer.state_dict()
     plain_state: dict[str, dict[str, Any]] = {}
     for idx, entries in optim["state"].items():
@@ -76,9 +80,16 @@ def load_train_state(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None = None,
+    averaged: nn.Module | None = None,
 ) -> dict[str, Any]:
-    """Restore model, optimizer (and scaler) in place from path; returns the JSON document (step, ...)."""
+    """Restore model, optimizer (and scaler, and the averaged model) in place from path; returns the JSON
+    document (step, ...)."""
     doc, tensors = read_train_state(path)
+    if averaged is not None:
+        saved = {k[len("averaged.") :]: v for k, v in tensors.items() if k.startswith("averaged.")}
+        if not saved:
+            raise UserError(f"{path}: no averaged weights to resume optim.polyak from (the run did not average)")
+        averaged.load_state_dict(saved)
     model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
     missing, unexpected = model.load_state_dict(model_state, strict=False)
     if missing or unexpected:
