@@ -3,7 +3,9 @@
 Written once for every reader whose file carries no config (official .npz and timm state dicts, both first
 renamed to vitkit's keys). What the weights cannot say is the reader's to supply: the head count (official
 files keep it in the query kernel's shape; timm files do not have it) and the GELU the weights were trained
-with (tanh for the official code, exact erf for timm).
+with (tanh for the official code, exact erf for timm). What no reader can supply is guessed here, and each
+guess is returned with the config as one line naming the value, its reason and the override that replaces it,
+so that loading can say so instead of building another model without a word.
 """
 
 from __future__ import annotations
@@ -23,10 +25,19 @@ _STAGE_UNIT = re.compile(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.
 
 def default_heads(width: int) -> int:
     """The registry's head count for this width (Ti 3, S 6, B 12, L 16), else width // 64."""
+    return _heads_guess(width)[0]
+
+
+def _heads_guess(width: int) -> tuple[int, str]:
+    """(head count, where it comes from) for a width whose weights do not say."""
     for w, _, _, heads in SIZES.values():
         if w == width:
-            return heads
-    return max(width // 64, 1)
+            return heads, f"the registry's head count for width {width}"
+    return max(width // 64, 1), f"width {width} // 64, as no registry row has this width"
+
+
+# what is assumed of a file that does not say which GELU it was trained with: torch's and timm's default
+GELU_GUESS = "exact"
 
 
 def block_count(state: State) -> int:
@@ -47,23 +58,46 @@ def resnet_layers(state: State, source: str) -> tuple[int, ...]:
 
 
 def infer_vit_config(state: State, source: str, gelu: str, num_heads: int | None = None) -> dict[str, Any]:
-    """ViTConfig fields (plus arch='vit') for a vitkit-named ViT state dict.
+    """The config of ``infer_vit_config_with_guesses``, for readers whose files leave nothing to guess."""
+    return infer_vit_config_with_guesses(state, source, gelu, num_heads)[0]
 
-    ``source`` names the file in errors; ``num_heads`` defaults to the registry's row of that width.
-    img_size is the position embedding's (square) grid times the pixels per token.
+
+def infer_vit_config_with_guesses(
+    state: State,
+    source: str,
+    gelu: str | None = None,
+    num_heads: int | None = None,
+    img_size: tuple[int, int] | None = None,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """(ViTConfig fields plus arch='vit', what was guessed) for a vitkit-named ViT state dict.
+
+    ``source`` names the file in errors. ``gelu`` and ``num_heads`` are what the reader knows; None means the
+    file does not say, and the value is guessed: the registry's head count for that width, exact GELU. The
+    guesses map each guessed field to one line: the value, why, and how to pass another.
+    img_size is the position embedding's (square) grid times the pixels per token, unless the file says it
+    (``img_size``: a non-square grid, or a border that does not fill a patch); then it must give that grid.
     """
     required = ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.weight")
     absent = [k for k in required if k not in state]
     if absent:
         raise UserError(f"{source}: no {', '.join(absent)}; not a ViT (first keys: {sorted(state)[:5]})")
     width, in_chs, ph, pw = state["patch_embed.proj.weight"].shape
+    guessed: dict[str, str] = {}
+    if num_heads is None:
+        num_heads, why = _heads_guess(width)
+        guessed["num_heads"] = (
+            f"num_heads: {num_heads} ({why}; pass num_heads=... if the weights were trained with another)"
+        )
+    if gelu is None:
+        gelu = GELU_GUESS
+        guessed["gelu"] = f"gelu: {gelu} (timm's default; pass gelu=tanh for weights from the official code)"
     cfg: dict[str, Any] = dict(
         arch="vit",
         patch_size=(ph, pw),
         in_chans=in_chs,
         width=width,
         depth=block_count(state),
-        num_heads=num_heads or default_heads(width),
+        num_heads=num_heads,
         mlp_dim=state["blocks.0.mlp.fc1.weight"].shape[0],
         classifier="token" if "cls_token" in state else "gap",
         representation_size=state["pre_logits.weight"].shape[0] if "pre_logits.weight" in state else None,
@@ -83,10 +117,20 @@ def infer_vit_config(state: State, source: str, gelu: str, num_heads: int | None
     if "pos_embed" not in state:
         raise UserError(f"{source}: no learned position embedding; cannot infer the token grid")
     rows = state["pos_embed"].shape[1] - (1 if "cls_token" in state else 0)
+    if img_size is not None:
+        h, w = img_size
+        grid = (-(-h // reduction) // ph, -(-w // reduction) // pw)  # the stem rounds up, the patch conv down
+        if grid[0] * grid[1] != rows:
+            raise UserError(
+                f"{source}: img_size {h}x{w} gives a {grid[0]}x{grid[1]} token grid, but the position embedding "
+                f"has {rows} grid rows"
+            )
+        cfg["img_size"] = (h, w)
+        return cfg, guessed
     side = int(round(rows**0.5))
     if side * side != rows:
         raise UserError(
             f"{source}: the position embedding has {rows} grid rows, not a square grid; cannot infer the image size"
         )
     cfg["img_size"] = (side * ph * reduction, side * pw * reduction)
-    return cfg
+    return cfg, guessed

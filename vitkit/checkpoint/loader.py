@@ -4,14 +4,17 @@ Formats are told apart by what is on disk:
   official  *.npz of flat '/'-joined Flax names (vit_jax, big_vision)
   hf        a directory (or a file inside one) whose config.json has model_type 'vit'
   vitkit    a directory (or its model.safetensors) whose config.json has format 'vitkit'
-  timm      any other .pth / .pt / .bin / .ckpt / .safetensors file
+  timm      a directory whose config.json is timm's hub config (an "architecture", no model_type), or
+            any other .pth / .pt / .bin / .ckpt / .safetensors file (with such a config.json beside it or not)
 Each is read into a ``Checkpoint``: a vitkit-named state dict, the config inferred from the file, the grid
-of its position embedding and, for vitkit files, their metadata. Loading then adapts it to the target model
-the way the official fine-tuning code does: position embeddings are resampled to the model's token grid,
-a head for another class count (or one after a pre-logits layer the model does not have) is left fresh
-(zero), and they are reported. Anything else that does not fit is an error that lists it: a key with
-another shape, weights the model has no place for, parameters the file does not fill. Loading is never
-quietly partial.
+of its position embedding, what the file left to guess and, for vitkit files, their metadata. Loading then
+adapts it to the target model the way the official fine-tuning code does: position embeddings are resampled
+to the model's token grid, a head for another class count (or one after a pre-logits layer the model does
+not have) is left fresh (zero), and they are reported. Anything else that does not fit is an error that
+lists it: a key with another shape, weights the model has no place for, parameters the file does not fill.
+Loading is never quietly partial, nor quietly guessed: what a file does not say (a bare timm state dict's
+head count and GELU) and the caller does not pass is listed in the report and warned about, since a wrong
+guess fits every shape and computes another function.
 
 Metadata (e.g. class names saved with ``save_pretrained(model, dir, metadata=...)``; for HF directories
 ``{"class_names": [...]}`` from a non-placeholder id2label) is the report's ``metadata`` and is returned by
@@ -21,6 +24,7 @@ Metadata (e.g. class names saved with ``save_pretrained(model, dir, metadata=...
 from __future__ import annotations
 
 import tokenize
+import warnings
 import zipfile
 import zlib
 from dataclasses import dataclass, field, fields
@@ -51,6 +55,7 @@ class Checkpoint:
     config: dict[str, Any]
     state: dict[str, torch.Tensor]
     metadata: dict[str, Any] = field(default_factory=dict)
+    guessed: dict[str, str] = field(default_factory=dict)  # config field -> the guess, its reason, its override
 
     def grid(self) -> tuple[int, int] | None:
         """The token grid of the stored position embedding (None for non-ViT checkpoints)."""
@@ -72,6 +77,8 @@ class LoadReport:
     reinitialised: list[str] = field(default_factory=list)  # left as the model's fresh (zero) head
     dropped: list[str] = field(default_factory=list)  # checkpoint keys deliberately not loaded (e.g. pre_logits)
     metadata: dict[str, Any] = field(default_factory=dict)  # what the checkpoint says about itself (class names...)
+    guessed: dict[str, str] = field(default_factory=dict)  # config fields the file does not say and vitkit guessed
+    from_caller: dict[str, str] = field(default_factory=dict)  # config fields the file does not say and the caller did
 
     @property
     def ok(self) -> bool:
@@ -96,6 +103,8 @@ class LoadReport:
                 lines.append(f"  {name}: {shown}")
         if len(lines) == 1:
             lines.append("  all keys matched")
+        lines += [f"  guessed {text}" for text in self.guessed.values()]
+        lines += [f"  {text}" for text in self.from_caller.values()]  # each says it is the caller's
         return "\n".join(lines)
 
 
@@ -114,10 +123,12 @@ def detect_format(path: str | Path) -> str:
         return "vitkit"
     if hf.is_hf(path):
         return "hf"
+    if path.is_dir() and timm.hub_config_path(path) is not None:
+        return "timm"
     if path.is_file() and path.suffix in timm.SUFFIXES:
         return "timm"
     raise UserError(
-        f"{path}: unrecognised checkpoint; expected an official .npz, a Hugging Face ViT or vitkit directory "
+        f"{path}: unrecognised checkpoint; expected an official .npz, a Hugging Face ViT, timm or vitkit directory "
         f"(config.json + weights), or a timm state dict ({', '.join(timm.SUFFIXES)})"
     )
 
@@ -169,8 +180,10 @@ def read_checkpoint(path: str | Path, format: str | None = None) -> Checkpoint:
             path, fmt, hf.hf_config_to_vitkit(config, state), hf.hf_to_vitkit(state), hf.hf_metadata(config)
         )
     if fmt == "timm":
-        state = timm.timm_to_vitkit(timm.read_timm(path))
-        return Checkpoint(path, fmt, timm.infer_timm_config(state), state)
+        raw, hub, hub_path = timm.read_timm_hub(path)
+        state = timm.timm_to_vitkit(raw)
+        config, guessed = timm.infer_timm_config(state, hub, str(hub_path or path))
+        return Checkpoint(path, fmt, config, state, timm.hub_metadata(hub), guessed)
     if fmt == "vitkit":
         config, state, metadata = native.read_native(path)
         return Checkpoint(path, fmt, config, state, metadata)
@@ -214,15 +227,24 @@ def load_pretrained(
     UserError listing it: a key whose shape differs (with both shapes), parameters of the model the file does
     not fill (``missing``), weights of the file the model has no place for (``unexpected``). ``strict=False``
     loads what fits and returns the report with ``ok`` False instead, for callers that inspect it themselves.
-    ResNet models load vitkit files.
+    ResNet models load vitkit files. The model is the caller's: what the file does not say (a bare timm state
+    dict's head count and GELU) the model's config settles, and the report lists it under ``from_caller``.
     """
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path, format)
+    return _load(model, ckpt, strict, guessed={})
+
+
+def _load(model: nn.Module, ckpt: Checkpoint, strict: bool, guessed: dict[str, str]) -> LoadReport:
+    """load_pretrained's work; ``guessed`` are the fields of ckpt.guessed the model took unchanged from the file."""
     arch = getattr(getattr(model, "config", None), "arch", None)
     if arch not in ("vit", "resnet"):
         raise UserError(f"load_pretrained: expected a vitkit VisionTransformer or ResNet, got {type(model).__name__}")
     if arch != ckpt.config.get("arch", "vit"):
         raise UserError(f"{ckpt.path}: holds a {ckpt.config.get('arch', 'vit')!r} model, the target is {arch!r}")
-    report = LoadReport(str(ckpt.path), ckpt.format, metadata=dict(ckpt.metadata))
+    report = LoadReport(str(ckpt.path), ckpt.format, metadata=dict(ckpt.metadata), guessed=dict(guessed))
+    for name in ckpt.guessed:
+        if name not in guessed:
+            report.from_caller[name] = f"{name}: {getattr(model.config, name)} (the caller's; the file does not say)"
     state = dict(ckpt.state)
     if arch == "vit":
         _adapt_vit(model, ckpt, state, report)
@@ -243,14 +265,20 @@ def load_pretrained(
 
 
 def load_model(
-    path: str | Path, return_metadata: bool = False, format: str | None = None, **overrides: Any
-) -> nn.Module | tuple[nn.Module, dict[str, Any]]:
+    path: str | Path,
+    return_metadata: bool = False,
+    format: str | None = None,
+    return_report: bool = False,
+    **overrides: Any,
+) -> nn.Module | tuple[Any, ...]:
     """Build a model from a checkpoint file alone and load it; overrides change the inferred config.
 
     ``load_model("ViT-B_16.npz", img_size=384, num_classes=10)`` gives a 384-px model with resampled position
     embeddings and a fresh zero head. Loading is strict (see load_pretrained): a config that does not describe
-    the weights (another depth, a missing block) is an error listing the keys. With return_metadata, returns
-    (model, metadata) (class names etc. from vitkit files).
+    the weights (another depth, a missing block) is an error listing the keys. What the file does not say and
+    the overrides do not give (a bare timm state dict's num_heads and gelu) is guessed: one UserWarning names
+    the guesses and the report lists them. Returns the model, then the metadata with return_metadata (class
+    names etc.), then the LoadReport with return_report, as a tuple when either is asked for.
     """
     ckpt = read_checkpoint(path, format)
     arch = ckpt.config.get("arch", "vit")
@@ -262,8 +290,12 @@ def load_model(
         model = model_from_config({**ckpt.config, **overrides})
     except ConfigError as e:
         raise ConfigError(f"{ckpt.path}: {e}") from None
-    report = load_pretrained(model, ckpt)
-    return (model, report.metadata) if return_metadata else model
+    guessed = {name: text for name, text in ckpt.guessed.items() if name not in overrides}
+    report = _load(model, ckpt, strict=True, guessed=guessed)
+    if guessed:  # a wrong guess loads without a shape error and computes another function: say so once
+        warnings.warn(f"{ckpt.path}: guessed {'; '.join(guessed.values())}", UserWarning, stacklevel=2)
+    extra = ([report.metadata] if return_metadata else []) + ([report] if return_report else [])
+    return (model, *extra) if extra else model
 
 
 # ---------------------------------------------------------------------------------------------- converting
@@ -287,10 +319,12 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
     """Convert a checkpoint of any readable format to another; returns what was written.
 
     vitkit and hf write a directory (config.json + model.safetensors); timm writes a .safetensors file
-    (dst itself when it ends in .safetensors, else dst/model.safetensors); official writes an .npz with the
-    released names (dst itself when it ends in .npz, else dst/model.npz). Overrides change the model first
-    (e.g. img_size=384 resamples the position embeddings, num_heads=3 for timm files). The source is loaded
-    strictly (see load_pretrained). Existing outputs (a run's weights, say) are replaced only with ``force``.
+    (dst itself when it ends in .safetensors, else dst/model.safetensors) and, as timm's hub format does, a
+    config.json beside it that says what the weights do not (heads, GELU, ...), so reading it back gives the
+    same model; one timm model per directory, then. official writes an .npz with the released names (dst
+    itself when it ends in .npz, else dst/model.npz). Overrides change the model first (e.g. img_size=384
+    resamples the position embeddings, num_heads=3 for bare timm files). The source is loaded strictly (see
+    load_pretrained). Existing outputs (a run's weights, say) are replaced only with ``force``.
     """
     if to not in TARGETS:
         raise UserError(f"to={to!r}: expected one of {TARGETS}")
@@ -298,7 +332,8 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
     if to in ("vitkit", "hf"):
         outputs = [dst / native.CONFIG_NAME, dst / native.WEIGHTS_NAME]
     elif to == "timm":
-        outputs = [dst if dst.suffix == ".safetensors" else dst / "model.safetensors"]
+        weights = dst if dst.suffix == ".safetensors" else dst / "model.safetensors"
+        outputs = [weights, weights.with_name(timm.CONFIG_NAME)]
     else:
         outputs = [dst if dst.suffix == ".npz" else dst / "model.npz"]
     existing = [str(p) for p in outputs if p.exists()]
@@ -309,13 +344,9 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
         return native.save_pretrained(model, dst, metadata=metadata)
     if to == "hf":
         return hf.save_hf(model, dst, class_names=metadata.get("class_names"))
-    from safetensors.torch import save_file
-
-    out = outputs[0]
     if to == "timm":
-        state = timm.vitkit_to_timm(model)
-        atomic_write(out, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
-        return out
+        return timm.save_timm(model, outputs[0], metadata)
+    out = outputs[0]
     params = official.vitkit_to_official(model)
 
     def write_npz(tmp: str) -> None:

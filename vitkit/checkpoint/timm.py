@@ -5,10 +5,16 @@ attn.proj, norm2, mlp.fc1, mlp.fc2}, norm, head; hybrids under patch_embed.backb
 conversion is mostly unwrapping: a 'state_dict' / 'model' wrapper, a 'module.' prefix (DataParallel / DDP),
 and the pre-logits layer that older timm called pre_logits.fc.
 
-A timm file carries no config. Shapes give width, depth, patch, grid, MLP width, classes and the hybrid
-stages; the head count is not in the weights and defaults to the registry's row with that width. timm
-computes exact (erf) GELU, so files read here default to gelu="exact"; pass gelu="tanh" for weights converted
-from the official code when you want its numerics rather than timm's.
+A bare timm state dict carries no config. Shapes give width, depth, patch, grid, MLP width, classes and the
+hybrid stages; the head count is not in the weights and is guessed from the registry's row with that width,
+and the GELU is guessed exact (erf), timm's default; pass gelu="tanh" for weights converted from the official
+code. Both guesses are reported and warned about (see infer.py), since a wrong one builds another function.
+
+timm's hub layout (``save_for_hf`` / ``push_to_hf_hub``) puts a config.json beside the weights: the
+architecture's name, the constructor's ``model_args``, num_classes, global_pool and a ``pretrained_cfg`` of
+preprocessing. vitkit writes that file with every timm file it writes (``save_timm``) and reads it when it is
+there, so heads, GELU, LayerNorm eps and image size come from the file, not from a guess. A config.json that
+contradicts the weights, or asks for something vitkit does not compute, is refused rather than half-followed.
 
 timm's own GAP models normalise after pooling (fc_norm); vitkit, like the official code, normalises the
 tokens before pooling. Those two are different functions, so a file with fc_norm weights is refused.
@@ -16,6 +22,7 @@ tokens before pooling. Those two are different functions, so a file with fc_norm
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -23,16 +30,106 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UserError
-from .infer import infer_vit_config
-from .native import load_tensor_file
+from ..errors import UserError, UserFileNotFoundError
+from ..io import atomic_write, atomic_write_text
+from .infer import infer_vit_config_with_guesses
+from .native import load_tensor_file, read_config_json
 
 SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
+CONFIG_NAME = "config.json"
+# the weights of a hub directory, in the order timm's load_state_dict_from_path prefers them
+HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")
+
+# timm's plain ViT constructors vit_{size}_patch{P}_{img}: (embed_dim, depth, num_heads) per size, mlp_ratio 4,
+# class token, exact GELU; the names are the ones timm registers
+TIMM_SIZES = {
+    "tiny": (192, 12, 3),
+    "small": (384, 12, 6),
+    "base": (768, 12, 12),
+    "large": (1024, 24, 16),
+    "huge": (1280, 32, 16),
+}
+TIMM_ARCHS = frozenset(
+    f"vit_{size}_patch{patch}_{img}"
+    for size, patches in (("tiny", (16,)), ("small", (32, 16)), ("base", (32, 16)), ("large", (32, 16)))
+    for patch in patches
+    for img in (224, 384)
+) | {"vit_small_patch8_224", "vit_base_patch8_224", "vit_large_patch14_224", "vit_huge_patch14_224"}
+_ARCH_NAME = re.compile(r"vit_(tiny|small|base|large|huge)_patch(\d+)_(\d+)")
+# what a config names when no timm constructor has the model's shape: timm's module of the generic class
+GENERIC_ARCH = "vision_transformer"
+HYBRID_ARCH = "vision_transformer_hybrid"
+
+TIMM_ACTS = {"gelu": "exact", "gelu_tanh": "tanh"}  # timm's act_layer names -> vitkit gelu
+TIMM_EPS = 1e-6  # timm's ViT LayerNorm eps, vitkit's default
+# VisionTransformer arguments that only act in training (vitkit's dropout is a training setting too)
+_TRAINING_ARGS = frozenset(
+    ("drop_rate", "pos_drop_rate", "patch_drop_rate", "proj_drop_rate", "attn_drop_rate", "drop_path_rate")
+) | {"weight_init", "fix_init"}
+# VisionTransformer arguments at the value that computes what vitkit computes; another value is another model
+_NEUTRAL_ARGS: dict[str, Any] = dict(
+    qkv_bias=True,
+    qk_norm=False,
+    scale_attn_norm=False,
+    scale_mlp_norm=False,
+    proj_bias=True,
+    init_values=None,
+    pos_embed="learn",
+    no_embed_class=False,
+    reg_tokens=0,
+    pre_norm=False,
+    final_norm=True,
+    pool_include_prefix=False,
+    dynamic_img_pad=False,
+    embed_norm_layer=None,
+    norm_layer=None,
+)
 
 
 def read_timm(path: str | Path) -> dict[str, torch.Tensor]:
     """A timm state dict from .safetensors or a torch file (loaded with weights_only=True: no pickled code)."""
     return load_tensor_file(path)
+
+
+def is_timm_config(doc: dict[str, Any]) -> bool:
+    """A config.json as timm's hub writes it: an architecture name and its arguments, no HF model_type."""
+    return (
+        isinstance(doc.get("architecture"), str)
+        and "model_type" not in doc  # Hugging Face transformers
+        and "format" not in doc  # vitkit's own
+        and any(k in doc for k in ("model_args", "num_classes", "pretrained_cfg"))
+    )
+
+
+def hub_config_path(path: str | Path) -> Path | None:
+    """The timm config.json of a hub directory or of a weights file inside one; None when there is none.
+
+    A config.json beside the weights that is not timm's (or not readable) belongs to something else and is
+    left alone; a directory's own config.json is checked by the format detection before this.
+    """
+    path = Path(path)
+    cfg = path / CONFIG_NAME if path.is_dir() else path.with_name(CONFIG_NAME)
+    if not cfg.is_file():
+        return None
+    try:
+        return cfg if is_timm_config(read_config_json(cfg)) else None
+    except UserError:
+        return None
+
+
+def read_timm_hub(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, Path | None]:
+    """(state dict, timm config.json or None, its path) from a weights file or a timm hub directory."""
+    path = Path(path)
+    weights = path
+    if path.is_dir():
+        found = [path / n for n in HUB_WEIGHTS if (path / n).is_file()]
+        if not found:
+            raise UserFileNotFoundError(
+                f"{path}: no weights; a timm hub directory holds one of {', '.join(HUB_WEIGHTS)}"
+            )
+        weights = found[0]
+    cfg_path = hub_config_path(path)
+    return read_timm(weights), read_config_json(cfg_path) if cfg_path else None, cfg_path
 
 
 def timm_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -47,9 +144,112 @@ def timm_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {re.sub(r"^pre_logits\.fc\.", "pre_logits.", k): v for k, v in state.items()}
 
 
-def infer_timm_config(state: dict[str, torch.Tensor], num_heads: int | None = None) -> dict[str, Any]:
-    """ViTConfig fields from a (vitkit-named) timm state dict; heads from num_heads or the registry; exact GELU."""
-    return infer_vit_config(state, "timm checkpoint", gelu="exact", num_heads=num_heads)
+def infer_timm_config(
+    state: dict[str, torch.Tensor], hub: dict[str, Any] | None = None, source: str = "timm checkpoint"
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """(ViTConfig fields, what was guessed) for a (vitkit-named) timm state dict and its hub config.json.
+
+    Without a config.json the head count and GELU are guessed (see infer.py). With one, its architecture and
+    model_args say them; what they do not say is still guessed, and a config that contradicts the weights is
+    an error naming ``source`` (the config.json).
+    """
+    if hub is None:
+        return infer_vit_config_with_guesses(state, "timm checkpoint")
+    args = _model_args(hub, source)
+    act = args.get("act_layer")
+    if act is not None and act not in TIMM_ACTS:
+        raise UserError(f"{source}: act_layer={act!r}; vitkit computes {' or '.join(map(repr, TIMM_ACTS))}")
+    # a named timm constructor uses timm's default, exact GELU; a generic name leaves it unsaid
+    gelu = TIMM_ACTS[act] if act is not None else ("exact" if _arch_args(hub) else None)
+    img = args.get("img_size")  # the weights hold the token count only, not the grid's shape nor a border
+    img = (img, img) if isinstance(img, int) else None if img is None else tuple(img)
+    config, guessed = infer_vit_config_with_guesses(state, source, gelu, args.get("num_heads"), img)
+    _check_against_weights(args, config, source)
+    config["ln_eps"] = args.get("norm_eps", TIMM_EPS)
+    config["dynamic_img_size"] = bool(args.get("dynamic_img_size", False))
+    return config, guessed
+
+
+def hub_metadata(hub: dict[str, Any] | None) -> dict[str, Any]:
+    """Class names (label_names) and preprocessing (mean, std, crop_pct) of a timm config.json, in vitkit's names."""
+    if not hub:
+        return {}
+    out: dict[str, Any] = {}
+    names = hub.get("label_names")
+    if isinstance(names, dict):  # timm's spelling when the ids have gaps; vitkit's class names have none
+        ids = [str(i) for i in range(len(names))]
+        names = [names[i] for i in ids] if set(names) == set(ids) else None
+    if isinstance(names, list) and names:
+        out["class_names"] = names
+    pretrained = hub.get("pretrained_cfg") or {}
+    for theirs, ours in (("mean", "mean"), ("std", "std"), ("crop_pct", "crop_fraction")):
+        if pretrained.get(theirs) is not None:
+            out[ours] = pretrained[theirs]
+    return out
+
+
+def _arch_args(hub: dict[str, Any]) -> dict[str, Any]:
+    """The arguments a named timm constructor fixes (patch, width, depth, heads, image size); {} for others."""
+    name = str(hub.get("architecture", "")).split(".")[0]  # 'vit_base_patch16_224.augreg_in21k': the tag is no arch
+    m = _ARCH_NAME.fullmatch(name)
+    if name not in TIMM_ARCHS or m is None:
+        return {}
+    width, depth, heads = TIMM_SIZES[m.group(1)]
+    return dict(patch_size=int(m.group(2)), embed_dim=width, depth=depth, num_heads=heads, img_size=int(m.group(3)))
+
+
+def _model_args(hub: dict[str, Any], source: str) -> dict[str, Any]:
+    """The constructor's arguments as timm's create_model would pass them: the named architecture's, then
+    model_args over them; arguments that would change the function vitkit computes are refused."""
+    given = hub.get("model_args") or {}
+    if not isinstance(given, dict):
+        raise UserError(f"{source}: 'model_args' must be a JSON object, found {type(given).__name__}")
+    args = {**_arch_args(hub), **given}
+    if "num_classes" not in args and isinstance(hub.get("num_classes"), int):
+        args["num_classes"] = hub["num_classes"]
+    for key, value in args.items():
+        if key in _NEUTRAL_ARGS and value != _NEUTRAL_ARGS[key]:
+            raise UserError(f"{source}: model_args {key}={value!r} computes another function than vitkit's ViT")
+    known = {"img_size", "patch_size", "in_chans", "num_classes", "embed_dim", "depth", "num_heads", "mlp_ratio"}
+    known |= {"class_token", "global_pool", "fc_norm", "act_layer", "representation_size", "norm_eps"}
+    known |= {"dynamic_img_size", *_NEUTRAL_ARGS, *_TRAINING_ARGS}
+    unknown = sorted(set(args) - known)
+    if unknown:
+        raise UserError(f"{source}: model_args {unknown} have no counterpart in vitkit's ViT")
+    return args
+
+
+def _check_against_weights(args: dict[str, Any], config: dict[str, Any], source: str) -> None:
+    """A config.json that describes another model than its weights (a stale or borrowed one) is an error."""
+    pool, class_token, fc_norm = args.get("global_pool", "token"), args.get("class_token", True), args.get("fc_norm")
+    if pool == "token" and class_token:
+        classifier = "token"
+    elif pool == "avg" and not class_token and fc_norm is False:
+        classifier = "gap"
+    else:
+        raise UserError(
+            f"{source}: global_pool={pool!r}, class_token={class_token}, fc_norm={fc_norm}; vitkit classifies the "
+            "class token (global_pool 'token') or the mean of the normalised patch tokens (global_pool 'avg', "
+            "class_token false, fc_norm false), as the official code does"
+        )
+    patch = args.get("patch_size")
+    said = dict(
+        embed_dim=(args.get("embed_dim"), config["width"]),
+        depth=(args.get("depth"), config["depth"]),
+        patch_size=(
+            None if patch is None else tuple(patch) if isinstance(patch, list) else (patch, patch),
+            tuple(config["patch_size"]),
+        ),
+        in_chans=(args.get("in_chans"), config["in_chans"]),
+        num_classes=(args.get("num_classes"), config["num_classes"]),
+        representation_size=(args.get("representation_size"), config["representation_size"]),
+        global_pool=(classifier, config["classifier"]),
+    )
+    if args.get("mlp_ratio") is not None:
+        said["mlp_ratio"] = (round(args["mlp_ratio"] * config["width"]), config["mlp_dim"])
+    wrong = [f"{k} {a!r} (the weights: {b!r})" for k, (a, b) in said.items() if a is not None and a != b]
+    if wrong:
+        raise UserError(f"{source}: describes another model than the weights beside it: {'; '.join(wrong)}")
 
 
 def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -90,3 +290,84 @@ def timm_kwargs(model: nn.Module) -> dict[str, Any]:
         fc_norm=False,
         act_layer="gelu_tanh" if cfg.gelu == "tanh" else "gelu",
     )
+
+
+def hub_config(model: nn.Module, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The config.json timm's hub format keeps beside the weights, for this model (see ``save_timm``).
+
+    ``model_args`` are ``timm_kwargs`` plus what timm's current VisionTransformer has no argument for:
+    ``representation_size`` (timm < 0.9's pre-logits, matching the pre_logits.fc.* keys) and ``norm_eps``
+    (LayerNorm eps other than timm's 1e-6). timm refuses those rather than building another function.
+    ``pretrained_cfg`` holds the input size and, when the metadata knows them, mean, std and crop_pct.
+    """
+    cfg = model.config
+    args = timm_kwargs(model)
+    for key in ("img_size", "patch_size"):  # timm's spelling of a square size is one int
+        h, w = args[key]
+        args[key] = h if h == w else [h, w]
+    if cfg.representation_size:
+        args["representation_size"] = cfg.representation_size
+    if cfg.ln_eps != TIMM_EPS:
+        args["norm_eps"] = cfg.ln_eps
+    if cfg.dynamic_img_size:
+        args["dynamic_img_size"] = True
+    pretrained: dict[str, Any] = dict(
+        input_size=[cfg.in_chans, *cfg.img_size],
+        fixed_input_size=not cfg.dynamic_img_size,
+        interpolation="bilinear",  # how vitkit and the official code resize for evaluation
+        num_classes=cfg.num_classes,
+        first_conv="patch_embed.backbone.stem.conv" if cfg.resnet_layers is not None else "patch_embed.proj",
+        classifier="head",
+    )
+    from ..predict import dataset_info  # the one reader of preprocessing in metadata
+
+    info = dataset_info(metadata or {})
+    for ours, theirs in (("mean", "mean"), ("std", "std"), ("crop_fraction", "crop_pct")):
+        if ours in info:
+            pretrained[theirs] = info[ours]
+    doc: dict[str, Any] = dict(
+        architecture=architecture_name(model),
+        num_classes=cfg.num_classes,
+        num_features=cfg.representation_size or cfg.width,
+        global_pool=args["global_pool"],
+        model_args=args,
+        pretrained_cfg=pretrained,
+    )
+    names = info.get("class_names")
+    if names and len(names) == cfg.num_classes:
+        doc["label_names"] = [str(n) for n in names]
+    return doc
+
+
+def architecture_name(model: nn.Module) -> str:
+    """The timm constructor with this model's shape (vit_base_patch16_224, ...), else timm's generic module name.
+
+    Only patch, width, depth, heads, MLP width and image size pick the name: model_args carry the rest (GELU,
+    pooling), and timm's constructors let them override their own.
+    """
+    cfg = model.config
+    if cfg.resnet_layers is not None:
+        return HYBRID_ARCH
+    (ph, pw), (h, w) = cfg.patch_size, cfg.img_size
+    if ph != pw or h != w or cfg.mlp_dim != 4 * cfg.width:
+        return GENERIC_ARCH
+    for size, row in TIMM_SIZES.items():
+        name = f"vit_{size}_patch{ph}_{h}"
+        if row == (cfg.width, cfg.depth, cfg.num_heads) and name in TIMM_ARCHS:
+            return name
+    return GENERIC_ARCH
+
+
+def save_timm(model: nn.Module, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
+    """Write the timm state dict to ``path`` (.safetensors) and timm's hub config.json beside it; returns path.
+
+    Both are built before either is written, and each is written atomically.
+    """
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    state = vitkit_to_timm(model)
+    text = json.dumps(hub_config(model, metadata), indent=2) + "\n"
+    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write_text(path.with_name(CONFIG_NAME), text)
+    return path
