@@ -41,10 +41,27 @@ def arguments(name: str):
 def add_models(p: argparse.ArgumentParser) -> None:
     p.add_argument("pattern", nargs="?", default="", help="a glob such as 'vit_b*' or '*gap' (or a part of the name)")
     p.add_argument("--num-classes", type=int, default=1000, help="head size used for the counts (default 1000)")
+    p.add_argument(
+        "--pretrained", action="store_true", help="list the released weights (tags such as vit_b16.augreg_in21k)"
+    )
 
 
-@command("models", "list the registered models with their parameter counts")
+@command("models", "list the registered models with their parameter counts, or (--pretrained) released weights")
 def cmd_models(args: argparse.Namespace) -> int:
+    if args.pretrained:
+        from .pretrained import cached_path, get_pretrained, list_pretrained
+
+        tags = list_pretrained(args.pattern)
+        if not tags:
+            raise UserError(f"no pretrained weights match {args.pattern!r}; see `vitkit models --pretrained`")
+        rows = [get_pretrained(t) for t in tags]
+        width = max(len(t) for t in tags)
+        print(f"{'tag':<{width}}  {'res':>4}  {'classes':<12}  {'cached':<6}  source")
+        for row in rows:
+            cached = "yes" if cached_path(row) is not None else "no"
+            print(f"{row.tag:<{width}}  {row.img_size:>4}  {row.classes:<12}  {cached:<6}  {row.source}")
+        return 0
+
     import torch
 
     from .models import MODELS, create_model, list_models
@@ -75,8 +92,10 @@ def add_convert(p: argparse.ArgumentParser) -> None:
 @command("convert", "convert a checkpoint between the official, Hugging Face, timm and vitkit formats")
 def cmd_convert(args: argparse.Namespace) -> int:
     from .checkpoint.loader import convert, parse_overrides
+    from .hub import resolve_checkpoint
 
-    out = convert(args.src, args.dst, to=args.to, force=args.force, **parse_overrides(args.overrides))
+    src = resolve_checkpoint(args.src)  # a pretrained tag is downloaded first
+    out = convert(src, args.dst, to=args.to, force=args.force, **parse_overrides(args.overrides))
     print(f"wrote {out} ({args.to})")
     return 0
 
@@ -308,6 +327,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 @arguments("export")
 def add_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("checkpoint", help="a checkpoint in any format vitkit reads (vitkit dir, official .npz, HF, timm)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="model fields (num_heads=4, gelu=tanh)")
     p.add_argument("--onnx", required=True, metavar="OUT", help="the .onnx file to write")
     p.add_argument("--opset", type=int, default=18)
     p.add_argument("--img-size", type=int, help="export at this resolution (position embeddings resampled)")
@@ -316,10 +336,11 @@ def add_export(p: argparse.ArgumentParser) -> None:
 
 @command("export", "export a checkpoint to ONNX (dynamic batch) and check it against onnxruntime")
 def cmd_export(args: argparse.Namespace) -> int:
-    from .checkpoint.loader import load_model
     from .export import check_onnx, export_onnx
+    from .hub import load_model
 
-    model = load_model(args.checkpoint, **({"img_size": args.img_size} if args.img_size else {}))
+    size = {"img_size": args.img_size} if args.img_size else {}
+    model = load_model(args.checkpoint, **_model_overrides(args), **size)
     path = export_onnx(model, args.onnx, opset=args.opset, force=args.force)
     err = check_onnx(path, model, batch_sizes=(1, 3))
     print(f"wrote {path} (opset {args.opset}, dynamic batch); onnxruntime vs torch max |diff| {err:.2e} (<= 1e-4)")

@@ -1,7 +1,10 @@
-"""Models by name, with weights: ``create_model("vit_b16", pretrained="ViT-B_16.npz", num_classes=10)``.
+"""Models by name, with weights: ``create_model("vit_b16", pretrained="augreg_in21k_ft_in1k")``,
+``load_model("vit_b16.orig_in21k")`` or ``load_model("runs/digits")``.
 
 The model table (vitkit.models) builds models with random weights and knows nothing of files; this module
-joins it to the checkpoint readers (vitkit.checkpoint), one floor up.
+joins it to the checkpoint readers (vitkit.checkpoint) and to the table of released weights
+(vitkit.pretrained), one floor up. A pretrained tag is downloaded on first use (network access needed once),
+then read from the cache.
 """
 
 from __future__ import annotations
@@ -11,20 +14,110 @@ from typing import Any
 
 from torch import nn
 
-from .checkpoint.loader import load_model, load_pretrained
+from . import pretrained as released
+from .checkpoint import loader
+from .checkpoint.loader import Checkpoint, LoadReport
+from .errors import UserError
 from .models import registry
 
-__all__ = ["create_model", "load_model"]
+__all__ = ["create_model", "load_model", "load_pretrained", "read_checkpoint", "resolve_checkpoint"]
+
+
+def _row_for(name_or_path: str | Path, model: str | None = None) -> released.PretrainedRow | None:
+    """The pretrained row a string names, or None when it is a path.
+
+    An existing path is a path. Otherwise a tag ``<model>.<weights>`` of a registered model is a tag (an
+    unknown one is an error naming the known ones); given ``model``, a bare weights name of it is too.
+    """
+    if not isinstance(name_or_path, str) or Path(name_or_path).exists():
+        return None
+    if released.is_tag(name_or_path):
+        return released.get_pretrained(name_or_path)
+    if model is not None and released.is_tag(f"{model}.{name_or_path}"):
+        return released.get_pretrained(f"{model}.{name_or_path}")
+    return None
+
+
+def resolve_checkpoint(name_or_path: str | Path) -> str | Path:
+    """A local checkpoint path for a path or a pretrained tag (downloading the tag's file on first use)."""
+    row = _row_for(name_or_path)
+    return name_or_path if row is None else released.resolve_pretrained(row.tag)[0]
 
 
 def create_model(name: str, pretrained: str | Path | None = None, **overrides: Any) -> nn.Module:
     """A registered model, optionally with overrides (``num_classes=10``, ``img_size=384``, ``dropout=0.1``).
 
-    ``pretrained`` is a checkpoint path in any format ``vitkit.load_pretrained`` reads. Loading is strict: its
+    ``pretrained`` is a weights name of this model (``"augreg_in21k_ft_in1k"``, see ``vitkit models
+    --pretrained``), a full tag (``"vit_b16.augreg_in21k_ft_in1k"``) or a checkpoint path in any format
+    ``vitkit.load_pretrained`` reads. For released weights the model is first built the way they need
+    (their class count, pre-logits layer and resolution), then changed by the overrides. Loading is strict:
     position embeddings are resampled to the model's resolution and, for another class count, the head is
     fresh (both reported by ``load_pretrained``); any other difference is an error listing the keys.
     """
-    model = registry.create_model(name, **overrides)
+    row = None if pretrained is None else _row_for(pretrained, model=name)
+    if row is not None and row.model != name:
+        raise UserError(f"pretrained={pretrained!r} holds weights of {row.model}, not of {name}")
+    model = registry.create_model(name, **{**(row.config if row else {}), **overrides})
     if pretrained is not None:
-        load_pretrained(model, pretrained)
+        load_pretrained(model, row.tag if row is not None else pretrained)
     return model
+
+
+def read_checkpoint(name_or_path: str | Path) -> Checkpoint:
+    """A checkpoint by path or pretrained tag, read into vitkit's naming: for a tag, with what the table says of
+    its weights (config fields the file leaves unsaid, class names, preprocessing) over what the file says."""
+    row = _row_for(name_or_path)
+    if row is None:
+        return loader.read_checkpoint(name_or_path)
+    path, _ = released.resolve_pretrained(row.tag)
+    ckpt = loader.read_checkpoint(path, row.format)
+    ckpt.config.update({k: v for k, v in row.config.items() if k in _UNSTATED})
+    ckpt.guessed = {k: v for k, v in ckpt.guessed.items() if k not in row.config}
+    ckpt.metadata = {**ckpt.metadata, **row.metadata()}
+    return ckpt
+
+
+def load_pretrained(model: nn.Module, source: str | Path | Checkpoint, strict: bool = True) -> LoadReport:
+    """vitkit.checkpoint.load_pretrained for a path, a Checkpoint or a pretrained tag (downloaded on first use)."""
+    ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source)
+    return loader.load_pretrained(model, ckpt, strict=strict)
+
+
+# config fields a weights file may leave unsaid (a bare timm state dict: its head count and GELU); for a tag
+# the table's values are passed, so nothing is guessed and load_model builds what create_model builds
+_UNSTATED = ("num_heads", "gelu", "ln_eps")
+
+
+def load_model(
+    name_or_path: str | Path,
+    return_metadata: bool = False,
+    format: str | None = None,
+    return_report: bool = False,
+    **overrides: Any,
+) -> nn.Module | tuple[Any, ...]:
+    """Build a model from a pretrained tag or a checkpoint file alone and load it; overrides change its config.
+
+    ``load_model("vit_b16.augreg_in21k_ft_in1k")`` downloads the released file on first use;
+    ``load_model("ViT-B_16.npz", img_size=384, num_classes=10)`` reads a file (see
+    vitkit.checkpoint.loader.load_model: the configuration comes from the file, loading is strict). Returns
+    the model, then the metadata with return_metadata, then the LoadReport with return_report, as a tuple
+    when either is asked for. For a tag the metadata is what the table says of the weights (class names,
+    preprocessing, source, licence) over what the file says of itself.
+    """
+    row = _row_for(name_or_path)
+    if row is None:
+        return loader.load_model(
+            name_or_path, return_metadata=return_metadata, format=format, return_report=return_report, **overrides
+        )
+    path, _ = released.resolve_pretrained(row.tag)
+    stated = {k: v for k, v in row.config.items() if k in _UNSTATED}
+    model, file_metadata, report = loader.load_model(
+        path, return_metadata=True, format=format or row.format, return_report=True, **{**stated, **overrides}
+    )
+    metadata = {**file_metadata, **row.metadata()}
+    if len(metadata.get("class_names") or ()) != model.config.num_classes:
+        metadata.pop("class_names", None)  # another head was asked for: the released names do not apply
+    if "img_size" in overrides:
+        metadata["img_size"] = overrides["img_size"]
+    extra = ([metadata] if return_metadata else []) + ([report] if return_report else [])
+    return (model, *extra) if extra else model

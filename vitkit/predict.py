@@ -102,8 +102,9 @@ def preprocessing_for(
 
 
 def load_for_inference(path: str | Path, **overrides: Any) -> tuple[nn.Module, Preprocessing, dict[str, Any]]:
-    """(model in eval mode, its preprocessing, its metadata) from a checkpoint in any supported format."""
-    from .checkpoint.loader import load_model
+    """(model in eval mode, its preprocessing, its metadata) from a checkpoint in any supported format or a
+    pretrained tag (``vit_b16.augreg_in21k_ft_in1k``: downloaded on first use, preprocessed as its table row says)."""
+    from .hub import load_model
 
     model, metadata = load_model(path, return_metadata=True, **overrides)
     return model.eval(), preprocessing_for(model, metadata, source=str(path)), metadata or {}

@@ -59,12 +59,9 @@ def read_source(source: str | Path) -> Checkpoint:
     path = Path(source)
     if path.exists() or "/" in str(source) or path.suffix in CHECKPOINT_SUFFIXES:
         return read_checkpoint(path)  # a path (one that does not exist is an error naming it)
-    from ..pretrained import resolve_pretrained  # a tag: downloaded (once) into the cache
+    from ..hub import read_checkpoint as read_tag  # a tag: downloaded (once) into the cache
 
-    path, row = resolve_pretrained(str(source))
-    ckpt = read_checkpoint(path)
-    ckpt.metadata = {**row.metadata(), **ckpt.metadata}
-    return ckpt
+    return read_tag(str(source))
 
 
 def init_from_checkpoint(model: nn.Module, source: str | Path | Checkpoint, num_classes: int) -> str:

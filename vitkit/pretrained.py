@@ -1,0 +1,523 @@
+"""Released weights by tag: ``resolve_pretrained("vit_b16.augreg_in21k_ft_in1k")`` -> (local path, its row).
+
+A tag is ``<model>.<weights>``: a model of the registry (vitkit.models.MODELS) and one released file of it.
+Each row of PRETRAINED says where the file is (an https URL, or a Hugging Face Hub repository and file names),
+its size and sha256 where published (None where not: nothing here is guessed), the evaluation preprocessing
+it was trained for, its classes, its licence, and the model config fields it needs beyond the registry row
+(``config``: 21843 classes and a pre-logits layer for the original ImageNet-21k files, 384 pixels for most
+ImageNet-1k fine-tunes). ``row.metadata()`` gives the keys vitkit.predict reads (class_names, img_size, mean,
+std, in_chans, crop_fraction), so predict / eval preprocess as the weights expect.
+
+Where the rows come from:
+  - the original release (2020), google-research/vision_transformer: README "Available ViT models" and the
+    bucket listing in vit_jax.ipynb (``gsutil ls -lh gs://vit_models/imagenet*``, the sizes below). The
+    ImageNet-21k files keep their pre-logits layer and a deliberately zeroed head; their pre-logits widths
+    are those timm used to load them (its vit_*_in21k models, 2020). The ImageNet-1k fine-tunes are at 384
+    pixels, the "-224" ones at 224. Evaluation in vit_jax resizes the whole image to the square input size
+    (bilinear, no crop) and scales pixels to [-1, 1].
+  - AugReg ("How to train your ViT?", 2021): the README's table of recommended checkpoints (pretrained file,
+    size, and its ImageNet-1k fine-tune at 384); the 224-pixel fine-tunes and the B/8 files are those
+    timm's default_cfgs point to in the same bucket, from the same pretrained runs.
+  - Hub copies: timm's re-fine-tuned "augreg2" weights (on the Hub only; timm fine-tuned them with exact GELU
+    and evaluates with a 0.9 centre crop), and Hugging Face transformers conversions of the original
+    fine-tunes (config.json with exact GELU and LayerNorm eps 1e-12, as transformers computes them).
+The official weights are released with google-research/vision_transformer under Apache-2.0, which the Hub
+copies also declare.
+
+Downloads go to one cache directory: ``$VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit``, else
+``~/.cache/vitkit``. A URL file is saved under the path of its URL there; it is written to a temporary name
+and renamed only when complete (and its checksum, where known, matches), under a lock file, so an
+interrupted or concurrent download never leaves a partial file under the final name. Hub files go through
+huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars) into its own cache, or into
+``$VITKIT_CACHE/huggingface`` when VITKIT_CACHE is set; a copy put by hand at ``<cache>/<repo>/<file>`` is
+used first. A file in the cache is used without any network access.
+
+ImageNet-1k class names (data/imagenet1k_classes.txt) are the WordNet lemmas of the 1000 synsets in their
+standard (sorted) order, as timm's imagenet_synsets.txt and imagenet_synset_to_lemma.txt list them; the one
+name that occurs twice ("crane", the bird and the machine) carries its synset id. ImageNet-21k classes are
+indices.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import hashlib
+import os
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from http.client import HTTPException, IncompleteRead
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .models.registry import MODELS
+
+__all__ = [
+    "PRETRAINED",
+    "PretrainedRow",
+    "cache_dir",
+    "cached_path",
+    "class_names",
+    "download_url",
+    "get_pretrained",
+    "is_tag",
+    "list_pretrained",
+    "resolve_pretrained",
+]
+
+FORMATS = ("official", "timm", "hf")
+CLASS_COUNTS = {"imagenet-1k": 1000, "imagenet-21k": 21843}
+_CLASS_FILES = {"imagenet-1k": "imagenet1k_classes.txt"}
+HALF = (0.5, 0.5, 0.5)  # the paper's pixels in [-1, 1]: (x / 255 - 0.5) / 0.5
+
+
+@dataclass(frozen=True)
+class PretrainedRow:
+    """One released file: where it is, how to check it, what it expects as input and what it predicts."""
+
+    model: str  # a name of vitkit.models.MODELS
+    weights: str  # the tag is f"{model}.{weights}"
+    format: str  # "official" (.npz), "timm" (state dict) or "hf" (transformers directory)
+    url: str | None = None  # an https file, or
+    hub_repo: str | None = None  # a Hugging Face Hub repository ...
+    hub_files: tuple[str, ...] = ()  # ... and its files (for "hf": config.json first, then the weights)
+    revision: str = "main"
+    sha256: str | None = None  # of the (weights) file, when published; checked after each download
+    size: int | None = None  # bytes, when published; checked after each download
+    listed_size: str | None = None  # as the host lists it (rounded), for display only
+    img_size: int = 224  # evaluation input size
+    mean: tuple[float, ...] = HALF
+    std: tuple[float, ...] = HALF
+    crop_fraction: float = 1.0  # 1.0: resize the whole image (vit_jax); < 1: resize, then centre crop
+    interpolation: str = "bilinear"  # as the source evaluates; vitkit's evaluation transform is bilinear
+    classes: str = "imagenet-1k"  # a key of CLASS_COUNTS
+    config: Mapping[str, Any] = field(default_factory=dict)  # model config fields beyond the registry row
+    licence: str = "Apache-2.0"
+
+    @property
+    def tag(self) -> str:
+        return f"{self.model}.{self.weights}"
+
+    @property
+    def num_classes(self) -> int:
+        return int(self.config.get("num_classes", CLASS_COUNTS[self.classes]))
+
+    @property
+    def source(self) -> str:
+        """Where the file is, in one string: its URL, or hf://<repo>/<weights file>[@revision]."""
+        if self.url:
+            return self.url
+        rev = "" if self.revision == "main" else f"@{self.revision}"
+        return f"hf://{self.hub_repo}/{self.hub_files[-1]}{rev}"
+
+    def metadata(self) -> dict[str, Any]:
+        """What the file expects and predicts, in the keys vitkit.predict.dataset_info reads (and a few more)."""
+        meta: dict[str, Any] = dict(
+            img_size=self.img_size,
+            mean=list(self.mean),
+            std=list(self.std),
+            in_chans=len(self.mean),
+            crop_fraction=self.crop_fraction,
+            interpolation=self.interpolation,
+            classes=self.classes,
+            pretrained_tag=self.tag,
+            source=self.source,
+            licence=self.licence,
+        )
+        names = class_names(self.classes)
+        if names is not None and len(names) == self.num_classes:
+            meta["class_names"] = names
+        return meta
+
+
+# ------------------------------------------------------------------------------------------------ the table
+GCS = "https://storage.googleapis.com/vit_models"
+# '+' in the bucket's folder and file names is sent percent-encoded, so no server can read it as a space
+ORIG_21K = f"{GCS}/imagenet21k"
+ORIG_1K = f"{GCS}/imagenet21k%2Bimagenet2012"
+AUGREG = f"{GCS}/augreg"
+
+
+def _in21k(tag: str, url: str, listed: str | None = None, **config: Any) -> PretrainedRow:
+    """A file pretrained on ImageNet-21k at 224 pixels (21843 classes), on the official bucket."""
+    model, weights = tag.split(".")
+    config = {"num_classes": 21843, "img_size": 224, **config}
+    return PretrainedRow(model, weights, "official", url=url, listed_size=listed, classes="imagenet-21k", config=config)
+
+
+def _in1k(tag: str, url: str, img_size: int, listed: str | None = None) -> PretrainedRow:
+    """An ImageNet-1k fine-tune (a plain head, no pre-logits) on the official bucket."""
+    model, weights = tag.split(".")
+    config = {"num_classes": 1000, "img_size": img_size}
+    return PretrainedRow(model, weights, "official", url=url, img_size=img_size, listed_size=listed, config=config)
+
+
+def _augreg(tag: str, run: str, finetune: str | None = None, img_size: int = 224, listed: str | None = None):
+    """An AugReg file: the ImageNet-21k run itself, or (finetune given) its ImageNet-1k fine-tune."""
+    if finetune is None:
+        return _in21k(tag, f"{AUGREG}/{run}.npz", listed)
+    return _in1k(tag, f"{AUGREG}/{run}--imagenet2012-{finetune}.npz", img_size, listed)
+
+
+def _hub(tag: str, repo: str, files: tuple[str, ...], format: str, listed: str, **kw: Any) -> PretrainedRow:
+    """A Hub copy of ImageNet-1k weights (the files of one repository)."""
+    model, weights = tag.split(".")
+    img_size = kw.pop("img_size", 224)
+    config = {"num_classes": 1000, "img_size": img_size, **kw.pop("config", {})}
+    return PretrainedRow(
+        model, weights, format, hub_repo=repo, hub_files=files, listed_size=listed, img_size=img_size,
+        config=config, **kw,
+    )  # fmt: skip
+
+
+# the AugReg runs the vision_transformer README recommends (best upstream per model), as file-name stems
+RUNS = {
+    "vit_ti16": "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+    "vit_s16": "S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0",
+    "vit_s32": "S_32-i21k-300ep-lr_0.001-aug_none-wd_0.1-do_0.0-sd_0.0",
+    "vit_b16": "B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
+    "vit_b32": "B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0",
+    "vit_l16": "L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0",
+    "r_vit_ti16": "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+    "r26_vit_s32": "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0",
+    "r50_vit_l32": "R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1",
+    # B/8 (added 2021-07) is not in the README table; this is the run timm's default_cfgs use
+    "vit_b8": "B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
+}
+TIMM_AUGREG2 = dict(crop_fraction=0.9, interpolation="bicubic", config={"gelu": "exact"})  # timm's _cfg defaults
+HF_NUMERICS = {"gelu": "exact", "ln_eps": 1e-12}  # what the transformers config.json of these copies says
+
+# fmt: off
+PRETRAINED: dict[str, PretrainedRow] = {row.tag: row for row in (
+    # --- the original release: ImageNet-21k (pre-logits + zeroed head) and its ImageNet-1k fine-tunes
+    _in21k("vit_b16.orig_in21k", f"{ORIG_21K}/ViT-B_16.npz", "393.69 MiB", representation_size=768),
+    _in21k("vit_b32.orig_in21k", f"{ORIG_21K}/ViT-B_32.npz", "400.01 MiB", representation_size=768),
+    _in21k("vit_l16.orig_in21k", f"{ORIG_21K}/ViT-L_16.npz", "1.22 GiB", representation_size=1024),
+    _in21k("vit_l32.orig_in21k", f"{ORIG_21K}/ViT-L_32.npz", "1.23 GiB", representation_size=1024),
+    _in21k("vit_h14.orig_in21k", f"{ORIG_21K}/ViT-H_14.npz", "2.46 GiB", representation_size=1280),
+    _in21k("r50_vit_b16.orig_in21k", f"{ORIG_21K}/R50%2BViT-B_16.npz", "439.85 MiB", representation_size=768),
+    _in1k("vit_b16.orig_in21k_ft_in1k", f"{ORIG_1K}/ViT-B_16.npz", 384, "331.4 MiB"),
+    _in1k("vit_b16.orig_in21k_ft_in1k_224", f"{ORIG_1K}/ViT-B_16-224.npz", 224, "330.29 MiB"),
+    _in1k("vit_b32.orig_in21k_ft_in1k", f"{ORIG_1K}/ViT-B_32.npz", 384, "336.89 MiB"),
+    _in1k("vit_l16.orig_in21k_ft_in1k", f"{ORIG_1K}/ViT-L_16.npz", 384, "1.14 GiB"),
+    _in1k("vit_l16.orig_in21k_ft_in1k_224", f"{ORIG_1K}/ViT-L_16-224.npz", 224, "1.13 GiB"),
+    _in1k("vit_l32.orig_in21k_ft_in1k", f"{ORIG_1K}/ViT-L_32.npz", 384, "1.14 GiB"),
+    _in1k("r50_vit_b16.orig_in21k_ft_in1k", f"{ORIG_1K}/R50%2BViT-B_16.npz", 384, "377.57 MiB"),
+    # --- AugReg: the recommended ImageNet-21k runs (no pre-logits, trained head) and their 384 fine-tunes
+    _augreg("vit_ti16.augreg_in21k", RUNS["vit_ti16"], listed="37 MiB"),
+    _augreg("vit_ti16.augreg_in21k_ft_in1k", RUNS["vit_ti16"], "steps_20k-lr_0.03-res_384", 384),
+    _augreg("vit_ti16.augreg_in21k_ft_in1k_224", RUNS["vit_ti16"], "steps_20k-lr_0.03-res_224"),
+    _augreg("vit_s16.augreg_in21k", RUNS["vit_s16"], listed="115 MiB"),
+    _augreg("vit_s16.augreg_in21k_ft_in1k", RUNS["vit_s16"], "steps_20k-lr_0.03-res_384", 384),
+    _augreg("vit_s16.augreg_in21k_ft_in1k_224", RUNS["vit_s16"], "steps_20k-lr_0.03-res_224"),
+    _augreg("vit_s32.augreg_in21k", RUNS["vit_s32"], listed="118 MiB"),
+    _augreg("vit_s32.augreg_in21k_ft_in1k", RUNS["vit_s32"], "steps_20k-lr_0.01-res_384", 384),
+    _augreg("vit_b16.augreg_in21k", RUNS["vit_b16"], listed="391 MiB"),
+    _augreg("vit_b16.augreg_in21k_ft_in1k", RUNS["vit_b16"], "steps_20k-lr_0.03-res_384", 384),
+    _augreg("vit_b16.augreg_in21k_ft_in1k_224", RUNS["vit_b16"], "steps_20k-lr_0.01-res_224"),
+    _augreg("vit_b32.augreg_in21k", RUNS["vit_b32"], listed="398 MiB"),
+    _augreg("vit_b32.augreg_in21k_ft_in1k", RUNS["vit_b32"], "steps_20k-lr_0.01-res_384", 384),
+    _augreg("vit_l16.augreg_in21k", RUNS["vit_l16"], listed="1243 MiB"),
+    _augreg("vit_l16.augreg_in21k_ft_in1k", RUNS["vit_l16"], "steps_20k-lr_0.01-res_384", 384),
+    _augreg("vit_b8.augreg_in21k", RUNS["vit_b8"]),
+    _augreg("vit_b8.augreg_in21k_ft_in1k_224", RUNS["vit_b8"], "steps_20k-lr_0.01-res_224"),
+    # AugReg hybrids: R+Ti/16 is the ResNet root alone with 8x8 patches; R26 and R50 use four stages (/32)
+    _augreg("r_vit_ti16.augreg_in21k", RUNS["r_vit_ti16"], listed="40 MiB"),
+    _augreg("r_vit_ti16.augreg_in21k_ft_in1k", RUNS["r_vit_ti16"], "steps_20k-lr_0.03-res_384", 384),
+    _augreg("r26_vit_s32.augreg_in21k", RUNS["r26_vit_s32"], listed="170 MiB"),
+    _augreg("r26_vit_s32.augreg_in21k_ft_in1k", RUNS["r26_vit_s32"], "steps_20k-lr_0.01-res_384", 384),
+    _augreg("r50_vit_l32.augreg_in21k", RUNS["r50_vit_l32"], listed="1337 MiB"),
+    _augreg("r50_vit_l32.augreg_in21k_ft_in1k", RUNS["r50_vit_l32"], "steps_20k-lr_0.01-res_384", 384),
+    # --- Hub copies: timm's augreg2 re-fine-tunes, transformers conversions of the original fine-tunes
+    _hub("vit_b16.augreg2_in21k_ft_in1k", "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k",
+         ("model.safetensors",), "timm", "346 MB", **TIMM_AUGREG2),
+    _hub("vit_b8.augreg2_in21k_ft_in1k", "timm/vit_base_patch8_224.augreg2_in21k_ft_in1k",
+         ("model.safetensors",), "timm", "346 MB", **TIMM_AUGREG2),
+    _hub("vit_b16.orig_in21k_ft_in1k_224_hf", "google/vit-base-patch16-224",
+         ("config.json", "model.safetensors"), "hf", "346 MB", config=HF_NUMERICS),
+    _hub("vit_b16.orig_in21k_ft_in1k_hf", "google/vit-base-patch16-384",
+         ("config.json", "model.safetensors"), "hf", "347 MB", img_size=384, config=HF_NUMERICS),
+)}
+# fmt: on
+
+
+# ------------------------------------------------------------------------------------------------ look-ups
+@cache
+def _read_class_names(filename: str) -> tuple[str, ...]:
+    return tuple(Path(__file__).with_name("data").joinpath(filename).read_text().splitlines())
+
+
+def class_names(classes: str) -> list[str] | None:
+    """The names of a class set shipped with the package ("imagenet-1k"), or None (indices only)."""
+    filename = _CLASS_FILES.get(classes)
+    return list(_read_class_names(filename)) if filename else None
+
+
+def list_pretrained(pattern: str = "", table: Mapping[str, PretrainedRow] | None = None) -> list[str]:
+    """Tags matching ``pattern``: a glob (``vit_b16.*``, ``*augreg*``) or, without wildcards, a substring."""
+    tags = list(PRETRAINED if table is None else table)
+    if not pattern:
+        return tags
+    glob = pattern if any(c in pattern for c in "*?[") else f"*{pattern}*"
+    return [t for t in tags if fnmatch.fnmatchcase(t, glob)]
+
+
+def is_tag(name: str | os.PathLike) -> bool:
+    """Whether a string has the shape of a tag: ``<registered model>.<weights>``, no path separators."""
+    if not isinstance(name, str) or "/" in name or os.sep in name:
+        return False
+    model, dot, weights = name.partition(".")
+    return bool(dot and weights) and model in MODELS and "." not in weights
+
+
+def get_pretrained(tag: str, table: Mapping[str, PretrainedRow] | None = None) -> PretrainedRow:
+    """The row of a tag, or a UserError naming the close matches."""
+    table = PRETRAINED if table is None else table
+    if tag in table:
+        return table[tag]
+    model = tag.partition(".")[0]
+    same_model = [t for t in table if t.partition(".")[0] == model]
+    close = difflib.get_close_matches(tag, list(table), n=3, cutoff=0.6)
+    if close:
+        hint = f"did you mean {', '.join(close)}?"
+    elif same_model:
+        hint = f"{model} has {', '.join(same_model)}"
+    else:
+        hint = "see `vitkit models --pretrained`"
+    raise UserError(f"unknown pretrained weights {tag!r}; {hint}")
+
+
+# ------------------------------------------------------------------------------------------------ the cache
+def cache_dir() -> Path:
+    """``$VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit``, else ``~/.cache/vitkit`` (read on every call)."""
+    if os.environ.get("VITKIT_CACHE"):
+        return Path(os.environ["VITKIT_CACHE"]).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "vitkit"
+
+
+def url_cache_path(url: str) -> Path:
+    """Where a URL's file is kept: its path under the cache (so equal file names in two folders never meet)."""
+    parts = [p for p in urllib.parse.unquote(urllib.parse.urlsplit(url).path).split("/") if p not in ("", ".", "..")]
+    if not parts:
+        raise UserError(f"{url}: the URL names no file")
+    return cache_dir().joinpath(*parts)
+
+
+def _manual_hub_dir(row: PretrainedRow) -> Path:
+    """Where a Hub row's files may be put by hand: <cache>/<repo>/ (used before asking the Hub)."""
+    return cache_dir().joinpath(*row.hub_repo.split("/"))
+
+
+def _hub_cache_dir() -> str | None:
+    """huggingface_hub's own cache, or <VITKIT_CACHE>/huggingface when VITKIT_CACHE moves vitkit's cache."""
+    return str(cache_dir() / "huggingface") if os.environ.get("VITKIT_CACHE") else None
+
+
+def _hub_offline() -> bool:
+    import huggingface_hub.constants as hf_constants
+
+    flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
+    return flag or bool(hf_constants.HF_HUB_OFFLINE)
+
+
+def _hub_url(row: PretrainedRow, filename: str, revision: str | None = None) -> str:
+    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    return f"{endpoint}/{row.hub_repo}/resolve/{revision or row.revision}/{filename}"
+
+
+def _checkpoint_path(row: PretrainedRow, files: list[Path]) -> Path:
+    """The path the checkpoint readers take: the weights file, or the directory of an HF checkpoint."""
+    return files[-1].parent if row.format == "hf" else files[-1]
+
+
+def cached_path(row: PretrainedRow) -> Path | None:
+    """The local checkpoint path of a row if all its files are in the cache (no network access), else None."""
+    if row.url:
+        path = url_cache_path(row.url)
+        return path if path.is_file() else None
+    manual = [_manual_hub_dir(row) / f for f in row.hub_files]
+    if all(p.is_file() for p in manual):
+        return _checkpoint_path(row, manual)
+    from huggingface_hub import try_to_load_from_cache
+
+    found = []
+    for name in row.hub_files:
+        hit = try_to_load_from_cache(row.hub_repo, name, cache_dir=_hub_cache_dir(), revision=row.revision)
+        if not isinstance(hit, str):
+            return None
+        found.append(Path(hit))
+    return _checkpoint_path(row, found)
+
+
+# ------------------------------------------------------------------------------------------------ downloads
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_file(path: Path, source: str, sha256: str | None, size: int | None) -> None:
+    """A downloaded file against its published size and checksum; a mismatch deletes it and says so."""
+    got_size = path.stat().st_size
+    if size is not None and got_size != size:
+        path.unlink(missing_ok=True)
+        raise UserError(f"{source}: expected {size} bytes, got {got_size}; the download was deleted")
+    if sha256 is not None:
+        got = _sha256(path)
+        if got != sha256.lower():
+            path.unlink(missing_ok=True)
+            raise UserError(f"{source}: sha256 mismatch (expected {sha256}, got {got}); the download was deleted")
+
+
+def _lock(path: Path):
+    """An inter-process lock for one cache entry, kept apart from the files (<cache>/.locks/...)."""
+    from filelock import FileLock
+
+    root = cache_dir()
+    try:
+        rel = path.relative_to(root)
+    except ValueError:  # a destination outside the cache: lock beside it
+        return FileLock(str(path.with_name(f".{path.name}.lock")))
+    lock = root / ".locks" / rel.with_name(rel.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(lock))
+
+
+def download_url(
+    url: str, dst: str | Path, sha256: str | None = None, size: int | None = None, progress: bool = True
+) -> Path:
+    """Download ``url`` to ``dst`` (unless it is there), the way torch.hub.download_url_to_file does.
+
+    The body goes to a temporary file beside dst and is renamed onto dst only when complete and checked, all
+    under a lock file: a concurrent download of the same file waits and then uses the first one's result; an
+    interrupted one leaves nothing under dst. Failures are one-line UserErrors naming the URL: an HTTP
+    error, a body shorter than announced, a size / sha256 mismatch (the download is deleted), or no network
+    (with where to put the file by hand).
+    """
+    from tqdm import tqdm
+
+    dst = Path(dst)
+    if dst.is_file():
+        return dst
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    with _lock(dst):
+        if dst.is_file():  # another process (or an earlier call) finished it while we waited
+            return dst
+        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.part")
+        request = urllib.request.Request(url, headers={"User-Agent": "vitkit"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response, open(tmp, "wb") as f:
+                total = response.headers.get("Content-Length")
+                total = int(total) if total and total.isdigit() else None
+                done = 0
+                with tqdm(
+                    total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=dst.name, disable=not progress
+                ) as bar:
+                    while chunk := response.read(1 << 20):
+                        f.write(chunk)
+                        done += len(chunk)
+                        bar.update(len(chunk))
+                if total is not None and done != total:
+                    raise IncompleteRead(b"", total - done)
+            _check_file(tmp, url, sha256, size)
+            os.replace(tmp, dst)
+        except urllib.error.HTTPError as e:
+            raise UserError(f"{url}: HTTP {e.code} {e.reason}; no file was saved") from None
+        except IncompleteRead as e:
+            raise UserError(
+                f"{url}: the download ended early ({e.expected} more bytes were announced); no file was saved, "
+                "run again to retry"
+            ) from None
+        except (urllib.error.URLError, HTTPException, ConnectionError, TimeoutError) as e:
+            reason = getattr(e, "reason", None) or e
+            raise UserError(
+                f"{url}: cannot download ({reason}); without network access, fetch this URL elsewhere and put the "
+                f"file at {dst}"
+            ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    return dst
+
+
+def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
+    """The row's files through huggingface_hub: its cache first (no network), then the Hub (or HF_ENDPOINT)."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, LocalEntryNotFoundError
+
+    manual = _manual_hub_dir(row)
+    cache = _hub_cache_dir()
+    revision = row.revision
+    files: list[Path] = []
+    for name in row.hub_files:
+        url = _hub_url(row, name, revision)
+        if len(row.hub_files) == 1:
+            by_hand = f"fetch it elsewhere and put it at {manual / name}"
+        else:
+            by_hand = f"fetch {', '.join(row.hub_files)} elsewhere and put them in {manual}"
+        try:
+            path = hf_hub_download(row.hub_repo, name, revision=revision, cache_dir=cache, local_files_only=True)
+        except LocalEntryNotFoundError:
+            if _hub_offline():
+                raise UserError(f"{url}: not in the cache and HF_HUB_OFFLINE is set; {by_hand}") from None
+            endpoint = os.environ.get("HF_ENDPOINT") or None  # read per call (huggingface_hub reads it at import)
+            try:
+                path = hf_hub_download(
+                    row.hub_repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
+                    **({} if progress else {"tqdm_class": _silent_tqdm()}),
+                )  # fmt: skip
+            except (HfHubHTTPError, EntryNotFoundError) as e:
+                # huggingface_hub reports a failed look-up as LocalEntryNotFoundError, the HTTP answer (if any)
+                # as its cause; no answer at all means the Hub cannot be reached
+                answer = e if isinstance(e, HfHubHTTPError) else e.__cause__
+                status = getattr(getattr(answer, "response", None), "status_code", None)
+                if status is not None:
+                    raise UserError(f"{url}: HTTP {status}; no file was saved") from None
+                cause = _first_line(e.__cause__ or e)
+                raise UserError(f"{url}: cannot download ({cause}); without network access, {by_hand}") from None
+        path = Path(path)
+        if row.sha256 is not None and name == row.hub_files[-1]:
+            try:
+                _check_file(path.resolve(), url, row.sha256, row.size)
+            except UserError:
+                path.unlink(missing_ok=True)  # the snapshot's link to the deleted blob
+                raise
+        # later files of the row from the same commit, so an HF directory never mixes two revisions
+        revision = path.parent.name if row.revision == "main" and len(path.parent.name) == 40 else revision
+        files.append(path)
+    return _checkpoint_path(row, files)
+
+
+def _first_line(error: Exception) -> str:
+    text = str(error).strip().splitlines()
+    return text[0] if text else type(error).__name__
+
+
+def _silent_tqdm() -> type:
+    from tqdm import tqdm
+
+    class Silent(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "disable": True})
+
+    return Silent
+
+
+def resolve_pretrained(
+    tag: str, table: Mapping[str, PretrainedRow] | None = None, progress: bool = True
+) -> tuple[Path, PretrainedRow]:
+    """(local checkpoint path, row) for a tag, downloading the file on first use (see the module docstring)."""
+    row = get_pretrained(tag, table)
+    if row.url:
+        return download_url(row.url, url_cache_path(row.url), row.sha256, row.size, progress), row
+    manual = [_manual_hub_dir(row) / f for f in row.hub_files]
+    if all(p.is_file() for p in manual):
+        return _checkpoint_path(row, manual), row
+    return _download_hub(row, progress), row
