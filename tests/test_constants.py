@@ -135,7 +135,7 @@ def test_position_embedding_class_token_and_head(vit_params):
 # --------------------------------------------------------------------------------------------- BiT ResNet
 TINY_RESNETS = [
     ("r50_vit_b16", dict(width=64, depth=1, num_heads=2, mlp_dim=64, resnet_layers=(1, 1), img_size=32)),
-    ("bit_r26x1", dict(layers=(1, 1), width_factor=0.5, img_size=32)),
+    ("hybrid_resnet_r26x1", dict(layers=(1, 1), width_factor=0.5, img_size=32)),
 ]
 
 

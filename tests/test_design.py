@@ -83,7 +83,9 @@ def test_training_config_takes_every_model_config_field():
             {"model": {"name": "vit_ti16", name: list(value) if isinstance(value, tuple) else value}}
         )
         assert name in cfg.model.fields
-    resnet = config_from_dict({"model": {"name": "bit_r26x1"}}, ["model.width_factor=0.5", "model.layers=1,1"])
+    resnet = config_from_dict(
+        {"model": {"name": "hybrid_resnet_r26x1"}}, ["model.width_factor=0.5", "model.layers=1,1"]
+    )
     assert resnet.model.fields == {"width_factor": 0.5, "layers": (1, 1)}
     with pytest.raises(ConfigError, match=r"unknown config key 'model.widht'; did you mean model.width\?"):
         config_from_dict({}, ["model.widht=3"])

@@ -34,13 +34,19 @@ GOLDEN_PARAMS = {
     "r50_vit_l32": 328_994_856,
     "r26_vit_s32": 36_431_912,
     "r26_vit_b32": 101_383_976,
-    "bit_r26x1": 15_995_176,
-    "bit_r50x1": 25_557_032,
-    "bit_r50x3": 217_342_120,
-    "bit_r101x1": 44_549_160,
-    "bit_r101x3": 387_957_928,
-    "bit_r152x2": 236_350_568,
-    "bit_r152x4": 936_563_944,
+    "bit_r50x1": 25_549_352,  # BiT ResNet-v2: timm's resnetv2_*_bit counts (tests/test_bit.py)
+    "bit_r50x3": 217_319_080,
+    "bit_r101x1": 44_541_480,
+    "bit_r101x3": 387_934_888,
+    "bit_r152x2": 236_335_208,
+    "bit_r152x4": 936_533_224,
+    "hybrid_resnet_r26x1": 15_995_176,  # the hybrids' post-activation ResNet (named bit_r* before)
+    "hybrid_resnet_r50x1": 25_557_032,
+    "hybrid_resnet_r50x3": 217_342_120,
+    "hybrid_resnet_r101x1": 44_549_160,
+    "hybrid_resnet_r101x3": 387_957_928,
+    "hybrid_resnet_r152x2": 236_350_568,
+    "hybrid_resnet_r152x4": 936_563_944,
 }
 
 TINY = dict(img_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)

@@ -8,6 +8,8 @@ from typing import Any
 from .errors import UserError
 from .models import (
     MODELS,
+    BiT,
+    BiTConfig,
     ResNet,
     ResNetConfig,
     VisionTransformer,
@@ -22,7 +24,7 @@ __version__ = "0.1.0"
 # Heavier subsystems load on first use, so `import vitkit` stays fast.
 _LAZY = {
     "create_model": "vitkit.hub",
-    "load_pretrained": "vitkit.checkpoint",
+    "load_pretrained": "vitkit.hub",
     "load_model": "vitkit.hub",
     "save_pretrained": "vitkit.checkpoint",
     "optimize_for_inference": "vitkit.fast",
@@ -37,6 +39,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "MODELS",
+    "BiT",
+    "BiTConfig",
     "ResNet",
     "ResNetConfig",
     "UserError",

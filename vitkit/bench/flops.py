@@ -6,10 +6,13 @@ torch.utils.flop_counter.FlopCounterMode does (tests check the two agree). A tra
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
 from ..models import ViTConfig
+from ..models.posemb import relative_table_shape
 
 
 def vit_flops(
@@ -17,9 +20,10 @@ def vit_flops(
 ) -> dict[str, int]:
     """Forward FLOPs per image of a ViT, by part, from its config alone (2 FLOPs per multiply-add).
 
-    Keys: stem (hybrid ResNet), patch_embed, qkv, attention (q k^T and probs @ v), proj, mlp, pre_logits,
-    head, total. ViT-B/16 at 224: 35.1 GFLOP, the model's FLOPs. ``logits_path``: what VisionTransformer.forward
-    executes instead, where a class-token model's last block computes the class token alone (32.7 GFLOP).
+    Keys: stem (hybrid ResNet), patch_embed, qkv, attention (q k^T and probs @ v), relative (relative position
+    attention: each patch query against every offset's embedding), proj, mlp, pre_logits, head, total. ViT-B/16
+    at 224: 35.1 GFLOP, the model's FLOPs. ``logits_path``: what VisionTransformer.forward executes instead, where
+    a class-token model's last block computes the class token alone (32.7 GFLOP).
     """
     size = img_size if img_size is not None else config.img_size
     size = (size, size) if isinstance(size, int) else tuple(size)
@@ -37,19 +41,24 @@ def vit_flops(
         stem = layer_flops(backbone, (1, config.in_chans, *size))
         in_chs = backbone.out_chs
     feats = config.representation_size or d
+    # relative positions: (n x hd) @ (hd x E) per head for the patch queries, E offsets; the class token has none
+    offsets = math.prod(relative_table_shape((gh, gw), config.relative_dims)) if config.relative_dims else 0
     parts = {
         "stem": stem,
         "patch_embed": 2 * n * in_chs * ph * pw * d,
         "qkv": L * 2 * t * d * 3 * d,
         "attention": L * 2 * 2 * t * t * d,  # (t x hd) @ (hd x t) and (t x t) @ (t x hd), summed over heads
+        "relative": L * 2 * n * offsets * d,
         "proj": L * 2 * t * d * d,
         "mlp": L * 2 * 2 * t * d * m,
         "pre_logits": 2 * d * config.representation_size if config.representation_size else 0,
         "head": 2 * feats * config.num_classes,
     }
     if logits_path and config.classifier == "token" and L:
-        # last block: keys and values of all t tokens; query, projection and MLP of the class token only
+        # last block: keys and values of all t tokens; query, projection and MLP of the class token only (and so
+        # no relative logits: the class token has none)
         parts["qkv"] -= 2 * (t - 1) * d * d
+        parts["relative"] -= 2 * n * offsets * d
         parts["attention"] -= 2 * 2 * (t - 1) * t * d
         parts["proj"] -= 2 * (t - 1) * d * d
         parts["mlp"] -= 2 * 2 * (t - 1) * d * m

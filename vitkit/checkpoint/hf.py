@@ -193,8 +193,11 @@ def _check_exportable(model: nn.Module) -> None:
         raise UserError("Hugging Face ViT has no global-average-pooling classifier: cannot export a 'gap' model")
     if cfg.resnet_layers is not None:
         raise UserError("Hugging Face ViT has no ResNet stem: cannot export a hybrid model")
-    if cfg.pos_embed != "learned":
-        raise UserError(f"Hugging Face ViT has learned 1-D position embeddings only, not pos_embed={cfg.pos_embed!r}")
+    if (cfg.pos_embed, cfg.pos_embed_where) != ("learned", "input"):
+        raise UserError(
+            "Hugging Face ViT has learned 1-D position embeddings added at the input only, not "
+            f"pos_embed={cfg.pos_embed!r}, pos_embed_where={cfg.pos_embed_where!r}"
+        )
 
 
 def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> transformers.ViTConfig:

@@ -2,6 +2,7 @@
 
 Formats are told apart by what is on disk:
   official  *.npz of flat '/'-joined Flax names (vit_jax, big_vision)
+  big_transfer  *.npz of BiT ResNet-v2 arrays named resnet/... (google-research/big_transfer releases)
   hf        a directory (or a file inside one) whose config.json has model_type 'vit'
   vitkit    a directory (or its model.safetensors) whose config.json has format 'vitkit'
   timm      a directory whose config.json is timm's hub config (an "architecture", no model_type), or
@@ -37,13 +38,13 @@ from torch import nn
 
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..io import atomic_write
-from ..models.posemb import resample_pos_embed
+from ..models.posemb import resample_pos_embed, resample_relative
 from ..models.registry import model_from_config
 from ..models.resnet import ResNetConfig
 from ..models.vit import ViTConfig
-from . import hf, native, official, timm
+from . import big_transfer, hf, native, official, timm
 
-FORMATS = ("official", "hf", "timm", "vitkit")
+FORMATS = ("official", "big_transfer", "hf", "timm", "vitkit")
 
 
 @dataclass
@@ -114,6 +115,8 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if not path.exists():
         raise UserFileNotFoundError(f"{path}: no such file or directory")
+    if path.is_file() and path.suffix == ".npz" and big_transfer.is_big_transfer_npz(path):
+        return "big_transfer"  # BiT ResNet-v2 arrays named resnet/... (google-research/big_transfer)
     if path.is_file() and path.suffix == ".npz":
         return "official"
     cfg = path / native.CONFIG_NAME if path.is_dir() else path.with_name(native.CONFIG_NAME)
@@ -171,6 +174,9 @@ def read_checkpoint(path: str | Path, format: str | None = None) -> Checkpoint:
     """Read any supported checkpoint into vitkit's naming, with its inferred (or stored) config."""
     path = Path(path)
     fmt = format or detect_format(path)
+    if fmt == "big_transfer":
+        config, state = big_transfer.read_big_transfer(read_npz(path), str(path))
+        return Checkpoint(path, fmt, config, state)
     if fmt == "official":
         config, state = official.read_official(read_npz(path))
         return Checkpoint(path, fmt, config, state)
@@ -181,6 +187,9 @@ def read_checkpoint(path: str | Path, format: str | None = None) -> Checkpoint:
         )
     if fmt == "timm":
         raw, hub, hub_path = timm.read_timm_hub(path)
+        if big_transfer.is_timm_resnetv2(raw):  # resnetv2_*_bit: a BiT, not a ViT
+            config, state = big_transfer.read_timm_resnetv2(raw, hub, str(hub_path or path))
+            return Checkpoint(path, fmt, config, state, timm.hub_metadata(hub))
         state = timm.timm_to_vitkit(raw)
         config, guessed = timm.infer_timm_config(state, hub, str(hub_path or path))
         return Checkpoint(path, fmt, config, state, timm.hub_metadata(hub), guessed)
@@ -199,6 +208,10 @@ def _adapt_vit(model: nn.Module, ckpt: Checkpoint, state: dict[str, torch.Tensor
     if pe is not None and want is not None and pe.shape[-1] == want.shape[-1] and ckpt.grid() != model.grid:
         state["pos_embed"] = resample_pos_embed(pe, model.grid, ckpt.grid(), model.num_prefix_tokens)
         report.resampled.append("pos_embed")
+    for key in [k for k in state if k.endswith("attn.rel_pos_embed") and k in target]:  # relative attention tables
+        if state[key].shape != target[key].shape and state[key].shape[-1] == target[key].shape[-1]:
+            state[key] = resample_relative(state[key], tuple(target[key].shape[:-1]))
+            report.resampled.append(key)
     head_after_rep = False
     if "pre_logits.weight" in state and "pre_logits.weight" not in target:
         for k in ("pre_logits.weight", "pre_logits.bias"):
@@ -237,10 +250,15 @@ def load_pretrained(
 def _load(model: nn.Module, ckpt: Checkpoint, strict: bool, guessed: dict[str, str]) -> LoadReport:
     """load_pretrained's work; ``guessed`` are the fields of ckpt.guessed the model took unchanged from the file."""
     arch = getattr(getattr(model, "config", None), "arch", None)
-    if arch not in ("vit", "resnet"):
-        raise UserError(f"load_pretrained: expected a vitkit VisionTransformer or ResNet, got {type(model).__name__}")
+    if arch not in ("vit", "resnet", "bit"):
+        raise UserError(
+            f"load_pretrained: expected a vitkit VisionTransformer, ResNet or BiT, got {type(model).__name__}"
+        )
     if arch != ckpt.config.get("arch", "vit"):
-        raise UserError(f"{ckpt.path}: holds a {ckpt.config.get('arch', 'vit')!r} model, the target is {arch!r}")
+        stored = ckpt.config.get("arch", "vit")
+        # the bit_r* rows were the post-activation ResNet ('resnet') before they became BiT ResNet-v2 ('bit')
+        hint = "; 'resnet' is hybrid_resnet_r*, 'bit' is bit_r*" if {arch, stored} == {"resnet", "bit"} else ""
+        raise UserError(f"{ckpt.path}: holds a {stored!r} model, the target is {arch!r}{hint}")
     report = LoadReport(str(ckpt.path), ckpt.format, metadata=dict(ckpt.metadata), guessed=dict(guessed))
     for name in ckpt.guessed:
         if name not in guessed:
@@ -248,6 +266,10 @@ def _load(model: nn.Module, ckpt: Checkpoint, strict: bool, guessed: dict[str, s
     state = dict(ckpt.state)
     if arch == "vit":
         _adapt_vit(model, ckpt, state, report)
+    elif arch == "bit":  # another class count: a fresh zero head, as big_transfer fine-tunes
+        reinitialised, dropped = big_transfer.adapt_head(model.state_dict(), state)
+        report.reinitialised.extend(reinitialised)
+        report.dropped.extend(dropped)
     target = model.state_dict()
     for k, v in state.items():
         if k in target and v.shape != target[k].shape:

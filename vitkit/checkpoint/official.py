@@ -260,8 +260,10 @@ def vitkit_to_official(model: torch.nn.Module, naming: str = "released", prefix:
     if naming not in BLOCK_NAMINGS:
         raise UserError(f"naming={naming!r}: expected one of {sorted(BLOCK_NAMINGS)}")
     cfg = model.config
-    if getattr(cfg, "arch", None) != "vit" or cfg.pos_embed != "learned":
-        raise UserError("only VisionTransformer models with learned 1-D position embeddings have an official layout")
+    if getattr(cfg, "arch", None) != "vit" or (cfg.pos_embed, cfg.pos_embed_where) != ("learned", "input"):
+        raise UserError(
+            "only VisionTransformer models with learned 1-D position embeddings at the input have an official layout"
+        )
     names = BLOCK_NAMINGS[naming]
     sd = model.state_dict()
     D, heads = cfg.width, cfg.num_heads

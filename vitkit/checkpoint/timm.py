@@ -258,8 +258,10 @@ def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
     A pre-logits layer is written as pre_logits.fc.* (timm < 0.9's representation_size layout).
     """
     cfg = model.config
-    if getattr(cfg, "arch", None) != "vit" or cfg.pos_embed != "learned":
-        raise UserError("only VisionTransformer models with learned 1-D position embeddings have a timm layout")
+    if getattr(cfg, "arch", None) != "vit" or (cfg.pos_embed, cfg.pos_embed_where) != ("learned", "input"):
+        raise UserError(
+            "only VisionTransformer models with learned 1-D position embeddings at the input have a timm layout"
+        )
     return {
         re.sub(r"^pre_logits\.", "pre_logits.fc.", k): v.detach().clone().contiguous()
         for k, v in model.state_dict().items()

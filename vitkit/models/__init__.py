@@ -1,3 +1,4 @@
+from .bit import BiT, BiTConfig
 from .common import count_params
 from .posemb import resample_pos_embed, sincos_2d
 from .registry import MODELS, create_model, list_models, model_from_config
@@ -6,6 +7,8 @@ from .vit import VisionTransformer, ViTConfig
 
 __all__ = [
     "MODELS",
+    "BiT",
+    "BiTConfig",
     "ResNet",
     "ResNetBackbone",
     "ResNetConfig",

@@ -1,4 +1,5 @@
-"""Position embeddings: the fixed 2-D sin-cos table and resampling of learned tables to a new grid."""
+"""Position embeddings: the fixed 2-D sin-cos table, resampling of learned tables to a new grid, and the offset
+tables of relative position attention (paper appendix D.4)."""
 
 from __future__ import annotations
 
@@ -45,9 +46,10 @@ def resample_pos_embed(
     bilinearly with align_corners=True (what ``scipy.ndimage.zoom(order=1)`` computes) and the rows are
     put back in raster order. ``mode="bicubic"`` uses align_corners=False unless told otherwise.
     The old grid may be non-square; when not given it is taken as the square root of the row count.
+    A stack of tables, one per layer (L, prefix + gh * gw, D), is resampled table by table.
     """
-    if posemb.ndim != 3 or posemb.shape[0] != 1:
-        raise UserError(f"position embedding must have shape (1, N, D), got {tuple(posemb.shape)}")
+    if posemb.ndim != 3:
+        raise UserError(f"position embedding must have shape (1, N, D) or (layers, N, D), got {tuple(posemb.shape)}")
     new_grid = to_2tuple(new_grid)
     n_grid = posemb.shape[1] - num_prefix_tokens
     if old_grid is None:
@@ -65,16 +67,68 @@ def resample_pos_embed(
     if align_corners is None:
         align_corners = mode in ("bilinear", "linear")
     prefix, grid = posemb[:, :num_prefix_tokens], posemb[:, num_prefix_tokens:]
-    dtype = grid.dtype
-    grid = grid.float().reshape(1, old_grid[0], old_grid[1], -1).permute(0, 3, 1, 2)  # (1, D, gh, gw)
+    L, dtype = grid.shape[0], grid.dtype
+    grid = grid.float().reshape(L, old_grid[0], old_grid[1], -1).permute(0, 3, 1, 2)  # (L, D, gh, gw)
     grid = F.interpolate(grid, size=new_grid, mode=mode, align_corners=align_corners)
-    grid = grid.permute(0, 2, 3, 1).reshape(1, new_grid[0] * new_grid[1], -1).to(dtype)
+    grid = grid.permute(0, 2, 3, 1).reshape(L, new_grid[0] * new_grid[1], -1).to(dtype)
     return torch.cat([prefix, grid], dim=1)
 
 
 def resample_1d(table: torch.Tensor, new_len: int) -> torch.Tensor:
-    """Linear (align_corners=True) resampling of a (1, L, D) table along L, for the X/Y halves of learned_2d."""
+    """Linear (align_corners=True) resampling of a (layers, L, D) table along L, for the halves of learned_2d."""
     if table.shape[1] == new_len:
         return table
     out = F.interpolate(table.float().transpose(1, 2), size=new_len, mode="linear", align_corners=True)
     return out.transpose(1, 2).to(table.dtype)
+
+
+# ------------------------------------------------------------------------------------- relative positions
+# Appendix D.4: each pair (query patch i, key patch j) reads the learned embedding of its offset j - i. With
+# dims=1 (the paper's) the offset is taken in raster order: -(N-1)..N-1, a (2N - 1, D) table. With dims=2 it
+# is the (row, column) offset: a (2 gh - 1, 2 gw - 1, D) table, read in raster order. Row 0 of either table
+# is the most negative offset, so offset 0 sits in the middle.
+
+
+def relative_table_shape(grid: Grid, dims: int) -> tuple[int, ...]:
+    """The offset axes of a relative-position table for a token grid: (2N - 1,) or (2 gh - 1, 2 gw - 1)."""
+    gh, gw = grid
+    return (2 * gh * gw - 1,) if dims == 1 else (2 * gh - 1, 2 * gw - 1)
+
+
+def relative_index(grid: Grid, dims: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(N, N) long: the row of the flattened offset table that query patch i and key patch j read."""
+    gh, gw = grid
+    if dims == 1:
+        pos = torch.arange(gh * gw, device=device)
+        return pos[None, :] - pos[:, None] + (gh * gw - 1)
+    y, x = torch.meshgrid(torch.arange(gh, device=device), torch.arange(gw, device=device), indexing="ij")
+    y, x = y.flatten(), x.flatten()
+    dy = y[None, :] - y[:, None] + (gh - 1)  # (N, N) in 0..2gh-2
+    dx = x[None, :] - x[:, None] + (gw - 1)  # (N, N) in 0..2gw-2
+    return dy * (2 * gw - 1) + dx
+
+
+def resample_relative(table: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Resize a relative-position table (*offsets, D) to new offset axes ``shape`` (see relative_table_shape).
+
+    Each offset axis is interpolated linearly with align_corners=True (bilinear for 2-D tables, done one axis
+    at a time), which keeps offset 0 at offset 0 and maps the largest offsets onto the largest: the offset range
+    stretches with the grid, as resample_pos_embed stretches an absolute table. An axis reduced to a single
+    offset keeps offset 0. The table itself is returned when the shape already fits.
+    """
+    if tuple(table.shape[:-1]) == tuple(shape):
+        return table
+    if table.ndim - 1 != len(shape):
+        raise UserError(f"relative table {tuple(table.shape)} has {table.ndim - 1} offset axes, not {len(shape)}")
+    out = table.float()
+    for axis, new in enumerate(shape):
+        old = out.shape[axis]
+        if old == new:
+            continue
+        if new == 1:  # align_corners would pick the most negative offset: keep offset 0 instead
+            out = out.narrow(axis, (old - 1) // 2, 1)
+            continue
+        moved = out.movedim(axis, -1)  # (..., old)
+        flat = F.interpolate(moved.reshape(-1, 1, old), size=new, mode="linear", align_corners=True)
+        out = flat.reshape(*moved.shape[:-1], new).movedim(-1, axis)
+    return out.to(table.dtype)

@@ -2,6 +2,8 @@
 
 A ViT name decodes as big_vision's "B/16": a size row (width, depth, MLP width, heads) and a patch size.
 Hybrids add a ResNet stem (stage depths; () is the root alone) and use a 1x1 patch on its feature map.
+``bit_r50x1`` ... ``bit_r152x4`` are Big Transfer's pre-activation ResNet-v2 (bit.py), the six sizes BiT
+released; the hybrids' post-activation ResNet as a classifier is ``hybrid_resnet_r50x1`` etc. (resnet.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 from torch import nn
 
 from ..errors import UserError
+from .bit import BiT, BiTConfig
 from .common import check_fields
 from .resnet import ResNet, ResNetConfig
 from .vit import VisionTransformer, ViTConfig
@@ -37,6 +40,12 @@ def vit_variant(spec: str, **extra: Any) -> dict[str, Any]:
 
 
 def bit_variant(layers: tuple[int, ...], width_factor: int) -> dict[str, Any]:
+    """Big Transfer's ResNet-v2 (pre-activation, GroupNorm + weight standardisation): BiT-R50x1 is (R50, 1)."""
+    return dict(arch="bit", layers=layers, width_factor=width_factor)
+
+
+def hybrid_resnet_variant(layers: tuple[int, ...], width_factor: int) -> dict[str, Any]:
+    """The hybrid ViT's post-activation ResNet (vit_jax models_resnet) as a classifier on its own."""
     return dict(arch="resnet", layers=layers, width_factor=width_factor)
 
 
@@ -61,14 +70,32 @@ MODELS: dict[str, dict[str, Any]] = {
     "r50_vit_l32": vit_variant("L/1", resnet_layers=R50),
     "r26_vit_s32": vit_variant("S/1", resnet_layers=R26),
     "r26_vit_b32": vit_variant("B/1", resnet_layers=R26),
-    # BiT ResNet baselines (weight-standardised, GroupNorm)
-    "bit_r26x1": bit_variant(R26, 1),
+    # BiT ResNet-v2 baselines: the six architectures Big Transfer released (BiT-S / BiT-M weights)
     "bit_r50x1": bit_variant(R50, 1),
     "bit_r50x3": bit_variant(R50, 3),
     "bit_r101x1": bit_variant(R101, 1),
     "bit_r101x3": bit_variant(R101, 3),
     "bit_r152x2": bit_variant(R152, 2),
     "bit_r152x4": bit_variant(R152, 4),
+    # the hybrids' post-activation ResNet as a classifier (named bit_r* before the BiT rows above existed)
+    "hybrid_resnet_r26x1": hybrid_resnet_variant(R26, 1),
+    "hybrid_resnet_r50x1": hybrid_resnet_variant(R50, 1),
+    "hybrid_resnet_r50x3": hybrid_resnet_variant(R50, 3),
+    "hybrid_resnet_r101x1": hybrid_resnet_variant(R101, 1),
+    "hybrid_resnet_r101x3": hybrid_resnet_variant(R101, 3),
+    "hybrid_resnet_r152x2": hybrid_resnet_variant(R152, 2),
+    "hybrid_resnet_r152x4": hybrid_resnet_variant(R152, 4),
+}
+
+# Names that are not registered but that a user may well type: a renamed row, and the names Big Transfer and timm
+# give the BiT architectures. unknown_model points at the row.
+RENAMED: dict[str, str] = {"bit_r26x1": "hybrid_resnet_r26x1"}  # BiT released no R26: the old row is post-activation
+KNOWN_AS: dict[str, str] = {
+    alias: name
+    for name, row in MODELS.items()
+    if row["arch"] == "bit"
+    for depth, width in [name.removeprefix("bit_r").split("x")]
+    for alias in (f"resnetv2_{depth}x{width}_bit", f"bit-m-r{depth}x{width}", f"bit-s-r{depth}x{width}")
 }
 
 
@@ -81,23 +108,31 @@ def list_models(pattern: str = "") -> list[str]:
 
 
 def unknown_model(name: str) -> UserError:
-    """The error for a name that is not registered, with the close matches."""
+    """The error for a name that is not registered: the row a renamed or foreign name means, else close matches."""
+    if name in RENAMED:
+        return UserError(
+            f"unknown model {name!r}: the post-activation ResNet it named is now {RENAMED[name]!r}; "
+            "bit_r* names are Big Transfer's ResNet-v2 (bit_r50x1 ... bit_r152x4)"
+        )
+    alias = KNOWN_AS.get(name.lower().split(".")[0])  # timm tags carry '.weights' after the architecture
+    if alias is not None:
+        return UserError(f"unknown model {name!r}; vitkit names this architecture {alias!r}")
     close = difflib.get_close_matches(name, list(MODELS), n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else "see vitkit.list_models() or `vitkit models`"
     return UserError(f"unknown model {name!r}; {hint}")
 
 
-_ARCHS = {"vit": (VisionTransformer, ViTConfig), "resnet": (ResNet, ResNetConfig)}
+_ARCHS = {"vit": (VisionTransformer, ViTConfig), "resnet": (ResNet, ResNetConfig), "bit": (BiT, BiTConfig)}
 
 
 def config_class(arch: str) -> type:
-    """ViTConfig or ResNetConfig for an ``arch`` value."""
+    """ViTConfig, ResNetConfig or BiTConfig for an ``arch`` value."""
     if arch not in _ARCHS:
         raise UserError(f"unknown architecture {arch!r} in model config (expected one of {', '.join(_ARCHS)})")
     return _ARCHS[arch][1]
 
 
-def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
+def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig | BiTConfig:
     """The config of a registered model with some fields changed, checked by the config class itself."""
     if name not in MODELS:
         raise unknown_model(name)
@@ -107,7 +142,7 @@ def model_config(name: str, **overrides: Any) -> ViTConfig | ResNetConfig:
     return cls(**{**row, **overrides})
 
 
-def model_from_config(config: dict[str, Any] | ViTConfig | ResNetConfig) -> nn.Module:
+def model_from_config(config: dict[str, Any] | ViTConfig | ResNetConfig | BiTConfig) -> nn.Module:
     """Build a model from its config, or a plain dict of it (a saved ``config.json``; ``arch`` selects the class)."""
     if not isinstance(config, dict):
         return _ARCHS[config.arch][0](config)

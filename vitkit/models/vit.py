@@ -6,13 +6,19 @@
 
 Defaults follow the official code: LayerNorm eps 1e-6, tanh-approximated GELU, the official initialisation,
 a zero-initialised head. Parameter names follow timm's VisionTransformer, so its state dicts map one to one.
+
+Position information, as ablated in the paper's Table 8 (appendix D.4): an absolute table (learned 1-D, learned
+2-D, fixed sin-cos) added to the tokens at the input, or before every block (``pos_embed_where``: one table per
+block, ``pos_embed`` of shape (depth, N, D), or one table shared by all blocks); none; or relative position
+attention (``pos_embed="relative"`` / ``"relative_2d"``), where no table is added to the tokens and each block's
+queries also attend to learned embeddings of the offset between patches, as a bias on the attention logits.
 """
 
 from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -20,11 +26,20 @@ from torch import nn
 
 from ..errors import ConfigError, UserError
 from .common import as_pair, check_positive, count_params, lecun_normal_, replace_config, zero_head
-from .posemb import resample_1d, resample_pos_embed, sincos_2d
+from .posemb import (
+    relative_index,
+    relative_table_shape,
+    resample_1d,
+    resample_pos_embed,
+    resample_relative,
+    sincos_2d,
+)
 from .resnet import ResNetBackbone, stem_reduction
 
 CLASSIFIERS = ("token", "gap")
-POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "none")
+POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "relative", "relative_2d", "none")
+POS_EMBED_WHERE = ("input", "every_layer", "every_layer_shared")
+RELATIVE_DIMS = {"relative": 1, "relative_2d": 2}  # offsets in raster order (the paper's), or (row, column)
 GELUS = ("tanh", "exact")
 ATTN_IMPLS = ("sdpa", "explicit")
 
@@ -50,7 +65,8 @@ class ViTConfig:
     attn_dropout: float = 0.0  # dropout on the attention probabilities
     ln_eps: float = 1e-6  # LayerNorm epsilon (official 1e-6; Hugging Face 1e-12)
     gelu: str = "tanh"  # "tanh" (official, Flax) or "exact" (erf: torch, timm, HF)
-    pos_embed: str = "learned"  # "learned" (1-D), "learned_2d", "sincos_2d", "none"
+    pos_embed: str = "learned"  # "learned" (1-D), "learned_2d", "sincos_2d", "relative", "relative_2d", "none"
+    pos_embed_where: str = "input"  # absolute tables: "input", "every_layer" (own per block), "every_layer_shared"
     resnet_layers: tuple[int, ...] | None = None  # hybrid stem: None = no stem, () = root only
     resnet_width: float = 1  # hybrid stem width factor (64 x it channels at the root)
     attn_impl: str = "sdpa"  # the default attention path: "sdpa" (fused) or "explicit"; a call may choose another
@@ -82,6 +98,7 @@ class ViTConfig:
         for name, value, allowed in (
             ("classifier", self.classifier, CLASSIFIERS),
             ("pos_embed", self.pos_embed, POS_EMBEDS),
+            ("pos_embed_where", self.pos_embed_where, POS_EMBED_WHERE),
             ("gelu", self.gelu, GELUS),
             ("attn_impl", self.attn_impl, ATTN_IMPLS),
         ):
@@ -101,6 +118,16 @@ class ViTConfig:
             raise ConfigError(f"ViTConfig: learned_2d position embeddings need an even width, got {self.width}")
         if self.pos_embed == "sincos_2d" and self.width % 4:
             raise ConfigError(f"ViTConfig: sincos_2d position embeddings need a width divisible by 4, got {self.width}")
+        if self.pos_embed_where != "input" and self.pos_embed not in ("learned", "learned_2d", "sincos_2d"):
+            raise ConfigError(
+                f"ViTConfig.pos_embed_where={self.pos_embed_where!r}: pos_embed={self.pos_embed!r} adds no table to "
+                "the tokens (relative positions already act in every block's attention); use 'input'"
+            )
+        if self.pos_embed == "sincos_2d" and self.pos_embed_where == "every_layer":
+            raise ConfigError(
+                "ViTConfig.pos_embed_where='every_layer': the sincos_2d table is fixed, so each block's own table "
+                "would be the same one; use 'every_layer_shared'"
+            )
         features = self._feature_size()
         if features[0] < self.patch_size[0] or features[1] < self.patch_size[1]:
             raise ConfigError(
@@ -123,6 +150,11 @@ class ViTConfig:
         return h, w
 
     @property
+    def relative_dims(self) -> int:
+        """Offsets of relative position attention: 1 (raster order, the paper's), 2 (row, column); 0: none."""
+        return RELATIVE_DIMS.get(self.pos_embed, 0)
+
+    @property
     def stride(self) -> tuple[int, int]:
         """Input pixels per token along each axis (stem reduction x patch size)."""
         r = 1 if self.resnet_layers is None else stem_reduction(self.resnet_layers)
@@ -140,10 +172,31 @@ class ViTConfig:
         return asdict(self)
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention with a fused qkv projection. q, k, v and out all have biases."""
+class RelativePositions(NamedTuple):
+    """One call's token layout as relative position attention reads it; encode builds it once for all blocks."""
 
-    def __init__(self, dim: int, num_heads: int, attn_drop: float = 0.0, proj_drop: float = 0.0) -> None:
+    index: torch.Tensor  # (N, N) long: the offset-table row that query patch i and key patch j read
+    table_shape: tuple[int, ...]  # offset axes for this grid: (2N - 1,) or (2 gh - 1, 2 gw - 1)
+    prefix: int  # tokens before the patches (the class token): pairs involving them get no relative term
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection. q, k, v and out all have biases.
+
+    With ``rel_table`` (the offset axes of a token grid, see posemb.relative_table_shape) it is relative position
+    attention (appendix D.4): ``rel_pos_embed`` holds a learned D-wide embedding per offset between patches; the
+    queries attend to them as to keys (each head reads its own head_dim slice, as it does of a token's key), and
+    these logits q_i . r_{j-i} are added to the content logits q_i . k_j before the softmax.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        rel_table: tuple[int, ...] | None = None,
+    ) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -152,6 +205,7 @@ class Attention(nn.Module):
         self.proj = nn.Linear(dim, dim)
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
+        self.rel_pos_embed = nn.Parameter(torch.zeros(*rel_table, dim)) if rel_table else None  # (*offsets, D)
 
     def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         # unbind along the (B, N, 3, nh, hd) layout itself: in backward the three gradients are stacked straight
@@ -175,16 +229,41 @@ class Attention(nn.Module):
         k, v = F.linear(x, w[C:], b[C:]).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
         return q, k.transpose(1, 2), v.transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, out_tokens: int | None = None) -> torch.Tensor:
+    def _relative_logits(self, q: torch.Tensor, rel: RelativePositions) -> torch.Tensor | None:
+        """The relative logits of queries of the first n tokens (B, nh, n, hd) against all T keys: (B, nh, n, T).
+
+        q comes scaled by 1/sqrt(hd), so the bias is scaled as the content logits are (SDPA scales q k^T but not
+        its mask). Rows and columns of the class token are zero; None when no query is a patch.
+        """
+        B, nh, n, hd = q.shape
+        qp = q[:, :, rel.prefix :]  # (B, nh, n_p, hd): the patch queries
+        n_p = qp.shape[2]
+        if n_p == 0:
+            return None
+        table = resample_relative(self.rel_pos_embed, rel.table_shape)  # another grid: a resampled table
+        table = table.reshape(-1, nh, hd).transpose(0, 1)  # (nh, E, hd), E offsets
+        logits = qp @ table.transpose(1, 2)  # (B, nh, n_p, E): each query against every offset's embedding
+        bias = logits.gather(-1, rel.index[:n_p].expand(B, nh, -1, -1))  # (B, nh, n_p, N): q_i . r_{j-i}
+        return F.pad(bias, (rel.prefix, 0, n - n_p, 0))  # (B, nh, n, T)
+
+    def forward(
+        self, x: torch.Tensor, out_tokens: int | None = None, rel: RelativePositions | None = None
+    ) -> torch.Tensor:
         """(B, N, D) -> (B, N, D), or (B, out_tokens, D): the outputs of the first out_tokens tokens only."""
         q, k, v = self._qkv(x) if out_tokens is None else self._q_kv(x, out_tokens)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.0)
+        bias = None if rel is None else self._relative_logits(q * self.scale, rel)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop if self.training else 0.0)
         return self._out(x)
 
-    def forward_explicit(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """softmax(q k^T / sqrt(d)) v written out; also returns the probabilities (B, nh, N, N)."""
+    def forward_explicit(
+        self, x: torch.Tensor, rel: RelativePositions | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """softmax(q k^T / sqrt(d) [+ relative logits]) v written out; also returns the probabilities (B, nh, N, N)."""
         q, k, v = self._qkv(x)
-        probs = ((q * self.scale) @ k.transpose(-2, -1)).softmax(dim=-1)
+        q = q * self.scale
+        logits = q @ k.transpose(-2, -1)  # (B, nh, N, N)
+        bias = None if rel is None else self._relative_logits(q, rel)
+        probs = (logits if bias is None else logits + bias).softmax(dim=-1)
         attn = F.dropout(probs, self.attn_drop, self.training) if self.attn_drop else probs
         return self._out(attn @ v), probs
 
@@ -207,21 +286,27 @@ class Block(nn.Module):
     def __init__(self, cfg: ViTConfig) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
-        self.attn = Attention(cfg.width, cfg.num_heads, cfg.attn_dropout, cfg.dropout)
+        rel_table = relative_table_shape(cfg.grid(), cfg.relative_dims) if cfg.relative_dims else None
+        self.attn = Attention(cfg.width, cfg.num_heads, cfg.attn_dropout, cfg.dropout, rel_table)
         self.norm2 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.gelu, cfg.dropout)
 
-    def forward(self, x: torch.Tensor, out_tokens: int | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, out_tokens: int | None = None, rel: RelativePositions | None = None
+    ) -> torch.Tensor:
         """out_tokens: forward(x)[:, :out_tokens] without computing the other tokens' outputs (every step but
-        attention is per token, and attention still reads keys and values of all tokens)."""
+        attention is per token, and attention still reads keys and values of all tokens). rel: the token layout,
+        for relative position attention."""
         if out_tokens is None:
-            x = x + self.attn(self.norm1(x))
+            x = x + self.attn(self.norm1(x), rel=rel)
         else:
-            x = x[:, :out_tokens] + self.attn(self.norm1(x), out_tokens)
+            x = x[:, :out_tokens] + self.attn(self.norm1(x), out_tokens, rel)
         return x + self.mlp(self.norm2(x))
 
-    def forward_explicit(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        y, probs = self.attn.forward_explicit(self.norm1(x))
+    def forward_explicit(
+        self, x: torch.Tensor, rel: RelativePositions | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        y, probs = self.attn.forward_explicit(self.norm1(x), rel)
         x = x + y
         return x + self.mlp(self.norm2(x)), probs
 
@@ -275,12 +360,17 @@ class VisionTransformer(nn.Module):
 
         self.patch_embed = PatchEmbed(cfg)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if self.num_prefix_tokens else None
+        # absolute tables: one per block for "every_layer" (table l is added before block l, table 0 at the input),
+        # else one (at the input, and for "every_layer_shared" before every block too); row 0 of a 1-D table is
+        # the class token's
+        tables = cfg.depth if cfg.pos_embed_where == "every_layer" else 1
         self.pos_embed = self.pos_embed_x = self.pos_embed_y = None
         if cfg.pos_embed == "learned":
-            self.pos_embed = nn.Parameter(torch.zeros(1, self.num_prefix_tokens + self.grid[0] * self.grid[1], D))
+            T = self.num_prefix_tokens + self.grid[0] * self.grid[1]
+            self.pos_embed = nn.Parameter(torch.zeros(tables, T, D))
         elif cfg.pos_embed == "learned_2d":
-            self.pos_embed_x = nn.Parameter(torch.zeros(1, self.grid[1], D // 2))
-            self.pos_embed_y = nn.Parameter(torch.zeros(1, self.grid[0], D // 2))
+            self.pos_embed_x = nn.Parameter(torch.zeros(tables, self.grid[1], D // 2))
+            self.pos_embed_y = nn.Parameter(torch.zeros(tables, self.grid[0], D // 2))
         elif cfg.pos_embed == "sincos_2d":
             self.register_buffer("pos_embed_fixed", sincos_2d(self.grid, D)[None], persistent=False)
         self.pos_drop = nn.Dropout(cfg.dropout)
@@ -297,9 +387,10 @@ class VisionTransformer(nn.Module):
         """The official initialisation (vit_jax): see the module docstring of each piece."""
         lecun_normal_(self.patch_embed.proj.weight)
         nn.init.zeros_(self.patch_embed.proj.bias)
-        for p in (self.pos_embed, self.pos_embed_x, self.pos_embed_y):
+        rel_tables = [blk.attn.rel_pos_embed for blk in self.blocks]
+        for p in (self.pos_embed, self.pos_embed_x, self.pos_embed_y, *rel_tables):
             if p is not None:
-                nn.init.normal_(p, std=0.02)
+                nn.init.normal_(p, std=0.02)  # as the official code initialises its position embedding
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
         D = self.config.width
@@ -319,15 +410,16 @@ class VisionTransformer(nn.Module):
 
     # ---------------------------------------------------------------------------------- position embedding
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
-        """The (1, prefix + gh * gw, D) table to add for a token grid (resampled if the grid differs)."""
+        """The absolute table(s) to add for a token grid (resampled if the grid differs): (tables, prefix + gh * gw,
+        D), where tables is the depth for pos_embed_where="every_layer", else 1. None: no absolute table."""
         cfg = self.config
         if cfg.pos_embed == "learned":
             if grid == self.grid:
                 return self.pos_embed
             return resample_pos_embed(self.pos_embed, grid, self.grid, self.num_prefix_tokens)
         if cfg.pos_embed == "learned_2d":
-            x = resample_1d(self.pos_embed_x, grid[1])  # (1, gw, D/2)
-            y = resample_1d(self.pos_embed_y, grid[0])  # (1, gh, D/2)
+            x = resample_1d(self.pos_embed_x, grid[1])  # (tables, gw, D/2)
+            y = resample_1d(self.pos_embed_y, grid[0])  # (tables, gh, D/2)
             table = torch.cat(
                 [x[:, None, :, :].expand(-1, grid[0], -1, -1), y[:, :, None, :].expand(-1, -1, grid[1], -1)], dim=-1
             ).flatten(1, 2)
@@ -341,7 +433,8 @@ class VisionTransformer(nn.Module):
         return table
 
     def set_image_size(self, img_size: int | tuple[int, int], mode: str = "bilinear") -> None:
-        """Change the model's resolution for good, resampling learned position embeddings (paper sec 3.2)."""
+        """Change the model's resolution for good, resampling learned position embeddings (paper sec 3.2) and
+        relative-position tables (stretched to the new offset range: see posemb.resample_relative)."""
         cfg = self.config
         new_cfg = replace_config(cfg, {"img_size": img_size})
         grid = new_cfg.grid()
@@ -354,7 +447,19 @@ class VisionTransformer(nn.Module):
             self.pos_embed_y = nn.Parameter(resample_1d(self.pos_embed_y.data, grid[0]))
         elif cfg.pos_embed == "sincos_2d":
             self.pos_embed_fixed = sincos_2d(grid, cfg.width)[None].to(self.norm.weight.device)
+        elif cfg.relative_dims:
+            shape = relative_table_shape(grid, cfg.relative_dims)
+            for blk in self.blocks:
+                blk.attn.rel_pos_embed = nn.Parameter(resample_relative(blk.attn.rel_pos_embed.data, shape))
         self.config, self.grid = new_cfg, grid
+
+    def _relative_positions(self, grid: tuple[int, int], device: torch.device) -> RelativePositions | None:
+        """The layout every block's relative position attention reads for this grid; None for other models."""
+        dims = self.config.relative_dims
+        if not dims:
+            return None
+        index = relative_index(grid, dims, device)
+        return RelativePositions(index, relative_table_shape(grid, dims), self.num_prefix_tokens)
 
     # ------------------------------------------------------------------------------------------- forward
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -362,7 +467,8 @@ class VisionTransformer(nn.Module):
         return self.embed_tokens(*self.patch_embed(x))
 
     def embed_tokens(self, x: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
-        """Patch tokens (B, gh * gw, D) -> input tokens (B, N, D): class token, position embedding, dropout."""
+        """Patch tokens (B, gh * gw, D) -> input tokens (B, N, D): class token, position embedding (the input's
+        table), dropout."""
         if grid != self.grid and not self.config.dynamic_img_size:
             raise UserError(
                 f"input gives a {grid[0]}x{grid[1]} token grid but the model was built for {self.grid[0]}x"
@@ -373,7 +479,7 @@ class VisionTransformer(nn.Module):
             x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
         pos = self._pos_embed_for(grid)
         if pos is not None:
-            x = x + pos
+            x = x + pos[:1]  # (1, N, D): the table of block 0
         return self.pos_drop(x)
 
     def encode(
@@ -383,33 +489,46 @@ class VisionTransformer(nn.Module):
         out_tokens: int | None = None,
         blocks: list[torch.Tensor] | None = None,
         attention: list[torch.Tensor] | None = None,
+        grid: tuple[int, int] | None = None,
     ) -> torch.Tensor:
         """Input tokens (B, N, D) through every block and the final LayerNorm: the one block loop.
 
         ``attn_impl``: "sdpa" or "explicit" for this call (default: the config's). ``out_tokens``: the last block
         computes only the first out_tokens tokens (its keys and values still come from all). ``blocks`` and
         ``attention``, when given, receive each block's output and (explicit path) its attention probabilities
-        (B, nh, N, N); asking for attention selects the explicit path.
+        (B, nh, N, N); asking for attention selects the explicit path. ``grid``: the token grid (default: the
+        model's), which position embeddings added before every block and relative positions need.
         """
         attn_impl = attn_impl or self.config.attn_impl
         if attn_impl not in ATTN_IMPLS:
             raise ConfigError(f"attn_impl={attn_impl!r}: expected one of {ATTN_IMPLS}")
         explicit = attn_impl == "explicit" or attention is not None
+        grid = grid or self.grid
+        rel = self._relative_positions(grid, x.device)
+        layer_pos = self._pos_embed_for(grid) if self.config.pos_embed_where != "input" else None  # (tables, N, D)
+        if (rel is not None or layer_pos is not None) and x.shape[1] != self.num_prefix_tokens + grid[0] * grid[1]:
+            raise UserError(
+                f"encode: {x.shape[1]} tokens are not {self.num_prefix_tokens} + a {grid[0]}x{grid[1]} grid of "
+                "patches; pass the tokens' grid=(gh, gw)"
+            )
         last = len(self.blocks) - 1
         for i, blk in enumerate(self.blocks):
+            if i and layer_pos is not None:  # block 0's table was added at the input, before the dropout
+                x = x + layer_pos[i if len(layer_pos) > 1 else 0]
             if explicit:
-                x, probs = blk.forward_explicit(x)
+                x, probs = blk.forward_explicit(x, rel)
                 if attention is not None:
                     attention.append(probs)
             else:
-                x = blk(x, out_tokens if i == last else None)
+                x = blk(x, out_tokens if i == last else None, rel)
             if blocks is not None:
                 blocks.append(x)
         return self.norm(x)
 
     def forward_features(self, x: torch.Tensor, attn_impl: str | None = None) -> torch.Tensor:
         """Images -> the final normalised token sequence (B, N, D) (the official 'encoded')."""
-        return self.encode(self.embed(x), attn_impl)
+        patches, grid = self.patch_embed(x)
+        return self.encode(self.embed_tokens(patches, grid), attn_impl, grid=grid)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, D) -> (B, D): the class token, or the mean of the patch tokens."""
@@ -428,7 +547,8 @@ class VisionTransformer(nn.Module):
         too, as no other token of the last block reaches the loss. The last block's output (and what its hooks
         see) is then (B, 1, D); forward_features and forward_intermediates give every token."""
         out_tokens = 1 if self.config.classifier == "token" else None
-        return self.forward_head(self.encode(self.embed(x), attn_impl, out_tokens))
+        patches, grid = self.patch_embed(x)
+        return self.forward_head(self.encode(self.embed_tokens(patches, grid), attn_impl, out_tokens, grid=grid))
 
     def forward_intermediates(
         self, x: torch.Tensor, return_attention: bool = False, attn_impl: str | None = None
@@ -448,7 +568,9 @@ class VisionTransformer(nn.Module):
         out["blocks"] = []
         if return_attention:
             out["attention"] = []
-        out["encoded"] = encoded = self.encode(x, attn_impl, blocks=out["blocks"], attention=out.get("attention"))
+        out["encoded"] = encoded = self.encode(
+            x, attn_impl, blocks=out["blocks"], attention=out.get("attention"), grid=grid
+        )
         out["pooled"] = self.pool(encoded)
         out["pre_logits"] = feats = self.forward_head(encoded, pre_logits=True)
         out["logits"] = self.head(feats)
@@ -466,7 +588,9 @@ class VisionTransformer(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that are embeddings rather than weights; optimizers also skip biases and norms."""
-        return {n for n in ("cls_token", "pos_embed", "pos_embed_x", "pos_embed_y") if getattr(self, n) is not None}
+        names = {n for n in ("cls_token", "pos_embed", "pos_embed_x", "pos_embed_y") if getattr(self, n) is not None}
+        rel = {f"blocks.{i}.attn.rel_pos_embed" for i, b in enumerate(self.blocks) if b.attn.rel_pos_embed is not None}
+        return names | rel
 
     def num_params(self, trainable_only: bool = False) -> int:
         return count_params(self, trainable_only)
