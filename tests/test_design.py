@@ -95,7 +95,7 @@ def test_training_config_takes_every_model_config_field():
 
 def test_hybrid_and_numerics_fields_train_from_key_value(tmp_path):
     overrides = [
-        "model.name=r_vit_ti16",
+        "model.name=r_vit_ti32",
         "model.resnet_layers=1",
         "model.resnet_width=0.5",
         "model.patch_size=1",
@@ -121,7 +121,7 @@ def test_hybrid_and_numerics_fields_train_from_key_value(tmp_path):
     assert (model.config.ln_eps, model.config.gelu) == (1e-12, "exact")
     assert model.patch_embed.backbone is not None and model.grid == (4, 4)
     saved = yaml_model_section(result.run_dir)
-    assert saved["resnet_layers"] == [1] and saved["name"] == "r_vit_ti16"
+    assert saved["resnet_layers"] == [1] and saved["name"] == "r_vit_ti32"
 
 
 def yaml_model_section(run_dir: Path) -> dict:

@@ -29,7 +29,7 @@ GOLDEN_PARAMS = {
     "vit_b16_gap": 86_566_120,
     "vit_s32_gap": 22_878_184,
     "vit_b32_gap": 88_222_696,
-    "r_vit_ti16": 6_337_704,
+    "r_vit_ti32": 6_337_704,
     "r50_vit_b16": 98_659_112,
     "r50_vit_l32": 328_994_856,
     "r26_vit_s32": 36_431_912,
@@ -84,7 +84,7 @@ def test_token_grids_of_the_family():
         "vit_h14": (16, 16),
         "r50_vit_b16": (14, 14),
         "r50_vit_l32": (7, 7),
-        "r_vit_ti16": (7, 7),
+        "r_vit_ti32": (7, 7),
     }
     with torch.device("meta"):
         for name, grid in grids.items():
@@ -356,3 +356,10 @@ def test_create_model_overrides_and_errors():
     with pytest.raises(ValueError, match="classifier"):
         create_model("vit_ti16", classifier="map")
     assert "vit_b16" in vitkit.list_models("b16")
+
+
+def test_renamed_rows_name_their_new_names():
+    """r_vit_ti32 is the official R+Ti/16 (root /4, 8x8 patches: tokens are 1/32); the old name says so."""
+    assert create_model("r_vit_ti32", num_classes=2, img_size=64).grid == (2, 2)
+    with pytest.raises(UserError, match=r"'r_vit_ti16': it is now 'r_vit_ti32' \(R\+Ti/16 .* 1/32"):
+        create_model("r_vit_ti16")

@@ -184,7 +184,7 @@ RUNS = {
     "vit_b16": "B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0",
     "vit_b32": "B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0",
     "vit_l16": "L_16-i21k-300ep-lr_0.001-aug_strong1-wd_0.1-do_0.0-sd_0.0",
-    "r_vit_ti16": "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
+    "r_vit_ti32": "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0",
     "r26_vit_s32": "R26_S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0",
     "r50_vit_l32": "R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1",
     # B/8 (added 2021-07) is not in the README table; this is the run timm's default_cfgs use
@@ -228,8 +228,8 @@ PRETRAINED: dict[str, PretrainedRow] = {row.tag: row for row in (
     _augreg("vit_b8.augreg_in21k", RUNS["vit_b8"]),
     _augreg("vit_b8.augreg_in21k_ft_in1k_224", RUNS["vit_b8"], "steps_20k-lr_0.01-res_224"),
     # AugReg hybrids: R+Ti/16 is the ResNet root alone with 8x8 patches; R26 and R50 use four stages (/32)
-    _augreg("r_vit_ti16.augreg_in21k", RUNS["r_vit_ti16"], listed="40 MiB"),
-    _augreg("r_vit_ti16.augreg_in21k_ft_in1k", RUNS["r_vit_ti16"], "steps_20k-lr_0.03-res_384", 384),
+    _augreg("r_vit_ti32.augreg_in21k", RUNS["r_vit_ti32"], listed="40 MiB"),
+    _augreg("r_vit_ti32.augreg_in21k_ft_in1k", RUNS["r_vit_ti32"], "steps_20k-lr_0.03-res_384", 384),
     _augreg("r26_vit_s32.augreg_in21k", RUNS["r26_vit_s32"], listed="170 MiB"),
     _augreg("r26_vit_s32.augreg_in21k_ft_in1k", RUNS["r26_vit_s32"], "steps_20k-lr_0.01-res_384", 384),
     _augreg("r50_vit_l32.augreg_in21k", RUNS["r50_vit_l32"], listed="1337 MiB"),

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .common import as_pair, check_positive, count_params, lecun_normal_, replace_config, zero_head
+from .common import count_params, lecun_normal_, normalise_stages, replace_config, zero_head
 from .resnet import GroupNorm
 
 WS_EPS = 1e-10  # added to the kernel's variance (big_transfer StdConv2d / standardize)
@@ -130,13 +130,7 @@ class BiTConfig:
     arch: str = field(default="bit", init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layers", tuple(self.layers))
-        object.__setattr__(self, "img_size", as_pair("BiTConfig", "img_size", self.img_size))
-        check_positive("BiTConfig", layers=self.layers, in_chans=self.in_chans, img_size=self.img_size)
-        if not self.layers:
-            raise ConfigError("BiTConfig.layers=(): expected at least one stage")
-        if not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool) or self.num_classes < 0:
-            raise ConfigError(f"BiTConfig.num_classes={self.num_classes!r}: expected an integer >= 0 (0: no head)")
+        normalise_stages(self)
         wf = self.width_factor
         # every GroupNorm has 32 groups: the root's 64 * width_factor channels must be a multiple of 32
         if isinstance(wf, bool) or not isinstance(wf, (int, float)) or not wf > 0 or (64 * wf) % GN_GROUPS:

@@ -54,6 +54,23 @@ def check_positive(owner: str, **values: Any) -> None:
             raise ConfigError(f"{owner}.{name}={value!r}: expected a positive integer")
 
 
+def check_num_classes(owner: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ConfigError(f"{owner}.num_classes={value!r}: expected an integer >= 0 (0: no head)")
+
+
+def normalise_stages(config: Any) -> None:
+    """The fields every ResNet config shares (layers, img_size, in_chans, num_classes): normalised in place on a
+    frozen dataclass being built (its __post_init__), then checked."""
+    owner = type(config).__name__
+    object.__setattr__(config, "layers", tuple(config.layers))
+    object.__setattr__(config, "img_size", as_pair(owner, "img_size", config.img_size))
+    check_positive(owner, layers=config.layers, in_chans=config.in_chans, img_size=config.img_size)
+    if not config.layers:
+        raise ConfigError(f"{owner}.layers=(): expected at least one stage")
+    check_num_classes(owner, config.num_classes)
+
+
 def zero_head(in_features: int, num_classes: int) -> nn.Module:
     """The classifier head: zero-initialised Dense (as the official code); Identity when num_classes is 0."""
     if not num_classes:

@@ -65,7 +65,7 @@ MODELS: dict[str, dict[str, Any]] = {
     "vit_s32_gap": vit_variant("S/32", classifier="gap"),
     "vit_b32_gap": vit_variant("B/32", classifier="gap"),
     # hybrids: ResNet root (/4) + stages; 3 stages -> /16, 4 stages -> /32, root alone + 8x8 patches -> /32
-    "r_vit_ti16": vit_variant("Ti/8", resnet_layers=()),
+    "r_vit_ti32": vit_variant("Ti/8", resnet_layers=()),  # the official R+Ti/16: root (/4) + 8x8 patches = /32
     "r50_vit_b16": vit_variant("B/1", resnet_layers=(3, 4, 9)),
     "r50_vit_l32": vit_variant("L/1", resnet_layers=R50),
     "r26_vit_s32": vit_variant("S/1", resnet_layers=R26),
@@ -89,7 +89,14 @@ MODELS: dict[str, dict[str, Any]] = {
 
 # Names that are not registered but that a user may well type: a renamed row, and the names Big Transfer and timm
 # give the BiT architectures. unknown_model points at the row.
-RENAMED: dict[str, str] = {"bit_r26x1": "hybrid_resnet_r26x1"}  # BiT released no R26: the old row is post-activation
+# names that meant something else before: an error naming the row that has it now, never a silent new meaning
+RENAMED: dict[str, tuple[str, str]] = {
+    "bit_r26x1": (
+        "hybrid_resnet_r26x1",
+        "the post-activation ResNet it named; bit_r* names are Big Transfer's ResNet-v2 (bit_r50x1 ... bit_r152x4)",
+    ),
+    "r_vit_ti16": ("r_vit_ti32", "R+Ti/16 in the official configs, but its tokens are 1/32 of the image (root /4 x 8)"),
+}
 KNOWN_AS: dict[str, str] = {
     alias: name
     for name, row in MODELS.items()
@@ -110,10 +117,8 @@ def list_models(pattern: str = "") -> list[str]:
 def unknown_model(name: str) -> UserError:
     """The error for a name that is not registered: the row a renamed or foreign name means, else close matches."""
     if name in RENAMED:
-        return UserError(
-            f"unknown model {name!r}: the post-activation ResNet it named is now {RENAMED[name]!r}; "
-            "bit_r* names are Big Transfer's ResNet-v2 (bit_r50x1 ... bit_r152x4)"
-        )
+        new_name, why = RENAMED[name]
+        return UserError(f"unknown model {name!r}: it is now {new_name!r} ({why})")
     alias = KNOWN_AS.get(name.lower().split(".")[0])  # timm tags carry '.weights' after the architecture
     if alias is not None:
         return UserError(f"unknown model {name!r}; vitkit names this architecture {alias!r}")

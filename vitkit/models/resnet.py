@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .common import as_pair, check_positive, count_params, lecun_normal_, replace_config, zero_head
+from .common import count_params, lecun_normal_, normalise_stages, replace_config, zero_head
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -162,7 +162,8 @@ class ResNetBackbone(nn.Module):
 
 @dataclass(frozen=True)
 class ResNetConfig:
-    """The BiT ResNet classifier baseline: a backbone, global average pooling and a zero-initialised head.
+    """The hybrid stem's post-activation ResNet as a classifier (hybrid_resnet_r*): a backbone, global average
+    pooling and a zero-initialised head. (The paper's BiT baseline is the pre-activation ResNet-v2 in bit.py.)
 
     A value, like ViTConfig: checked where it is built, changed with ``dataclasses.replace``.
     """
@@ -175,13 +176,7 @@ class ResNetConfig:
     arch: str = field(default="resnet", init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "layers", tuple(self.layers))
-        object.__setattr__(self, "img_size", as_pair("ResNetConfig", "img_size", self.img_size))
-        check_positive("ResNetConfig", layers=self.layers, in_chans=self.in_chans, img_size=self.img_size)
-        if not self.layers:
-            raise ConfigError("ResNetConfig.layers=(): expected at least one stage")
-        if not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool) or self.num_classes < 0:
-            raise ConfigError(f"ResNetConfig.num_classes={self.num_classes!r}: expected an integer >= 0 (0: no head)")
+        normalise_stages(self)
         if not self.width_factor > 0:
             raise ConfigError(f"ResNetConfig.width_factor={self.width_factor!r}: expected a positive number")
 

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, UserError
-from .common import as_pair, check_positive, count_params, lecun_normal_, replace_config, zero_head
+from .common import as_pair, check_num_classes, check_positive, count_params, lecun_normal_, replace_config, zero_head
 from .posemb import (
     relative_index,
     relative_table_shape,
@@ -93,8 +93,7 @@ class ViTConfig:
             check_positive("ViTConfig", representation_size=self.representation_size)
         if self.resnet_layers:
             check_positive("ViTConfig", resnet_layers=self.resnet_layers)
-        if not isinstance(self.num_classes, int) or isinstance(self.num_classes, bool) or self.num_classes < 0:
-            raise ConfigError(f"ViTConfig.num_classes={self.num_classes!r}: expected an integer >= 0 (0: no head)")
+        check_num_classes("ViTConfig", self.num_classes)
         for name, value, allowed in (
             ("classifier", self.classifier, CLASSIFIERS),
             ("pos_embed", self.pos_embed, POS_EMBEDS),
