@@ -418,8 +418,9 @@ def test_every_row_names_a_model_a_known_source_and_consistent_inputs():
         assert row.tag == tag and row.model in MODELS and released.is_tag(tag), tag
         assert row.format in released.FORMATS and row.licence == "Apache-2.0"
         if row.url:
-            assert row.url.startswith("https://storage.googleapis.com/vit_models/") and row.url.endswith(".npz")
-            assert row.format == "official" and not row.hub_repo and "+" not in row.url
+            bucket = {"official": "vit_models", "big_transfer": "bit_models"}[row.format]
+            assert row.url.startswith(f"https://storage.googleapis.com/{bucket}/") and row.url.endswith(".npz")
+            assert not row.hub_repo and "+" not in row.url
             cache_paths.add(released.url_cache_path(row.url))
         else:
             assert row.hub_repo.split("/")[0] in ("timm", "google") and row.hub_files[-1] == "model.safetensors"
@@ -435,7 +436,7 @@ def test_every_row_names_a_model_a_known_source_and_consistent_inputs():
         assert meta["img_size"] == row.img_size and meta["in_chans"] == 3
         assert len(meta.get("class_names", [])) == (1000 if row.classes == "imagenet-1k" else 0)
         # original ImageNet-21k files carry pre-logits; AugReg and fine-tuned ones do not
-        assert bool(cfg.representation_size) == (row.weights == "orig_in21k"), tag
+        assert bool(getattr(cfg, "representation_size", None)) == (row.weights == "orig_in21k"), tag
     assert len(cache_paths) == sum(1 for r in PRETRAINED.values() if r.url)  # no two rows share a file
 
 
@@ -456,3 +457,28 @@ def test_tags_and_paths_are_told_apart(tmp_path):
         released.get_pretrained("vit_b16.nope")
     row = replace(PRETRAINED["vit_b16.augreg2_in21k_ft_in1k"], revision="abc")
     assert row.source.endswith("model.safetensors@abc")
+
+
+def test_a_big_transfer_tag_loads_the_released_layout(server, cache, monkeypatch):
+    """A BiT row: the released .npz layout served by URL, read as BiT (big_transfer format), its head and
+    preprocessing those of the row."""
+    from test_bit import released_arrays
+
+    arrays = released_arrays(classes=5)
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    server.routes["/bit/BiT-T.npz"] = Route(buffer.getvalue())
+    row = PretrainedRow(
+        "bit_r50x1", "test_bit", "big_transfer", url=server.url + "/bit/BiT-T.npz", img_size=32,
+        config={"num_classes": 5, "layers": (2, 1, 1, 1), "img_size": 32},
+    )  # fmt: skip
+    monkeypatch.setitem(PRETRAINED, row.tag, row)
+    model, meta = vitkit.load_model("bit_r50x1.test_bit", return_metadata=True)
+    assert model.config.arch == "bit" and model.config.layers == (2, 1, 1, 1) and model.config.num_classes == 5
+    assert meta["pretrained_tag"] == "bit_r50x1.test_bit" and meta["mean"] == [0.5] * 3
+    created = vitkit.create_model("bit_r50x1", pretrained="test_bit")
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(created.eval()(x), model.eval()(x))
+    bit_rows = [r for r in PRETRAINED.values() if r.format == "big_transfer" and r.weights != "test_bit"]
+    assert len(bit_rows) == 11 and all(r.url.startswith("https://storage.googleapis.com/bit_models/") for r in bit_rows)

@@ -71,7 +71,7 @@ __all__ = [
     "resolve_pretrained",
 ]
 
-FORMATS = ("official", "timm", "hf")
+FORMATS = ("official", "big_transfer", "timm", "hf")
 CLASS_COUNTS = {"imagenet-1k": 1000, "imagenet-21k": 21843}
 _CLASS_FILES = {"imagenet-1k": "imagenet1k_classes.txt"}
 HALF = (0.5, 0.5, 0.5)  # the paper's pixels in [-1, 1]: (x / 255 - 0.5) / 0.5
@@ -83,7 +83,7 @@ class PretrainedRow:
 
     model: str  # a name of vitkit.models.MODELS
     weights: str  # the tag is f"{model}.{weights}"
-    format: str  # "official" (.npz), "timm" (state dict) or "hf" (transformers directory)
+    format: str  # "official" / "big_transfer" (.npz), "timm" (state dict) or "hf" (transformers directory)
     url: str | None = None  # an https file, or
     hub_repo: str | None = None  # a Hugging Face Hub repository ...
     hub_files: tuple[str, ...] = ()  # ... and its files (for "hf": config.json first, then the weights)
@@ -193,6 +193,21 @@ RUNS = {
 TIMM_AUGREG2 = dict(crop_fraction=0.9, interpolation="bicubic", config={"gelu": "exact"})  # timm's _cfg defaults
 HF_NUMERICS = {"gelu": "exact", "ln_eps": 1e-12}  # what the transformers config.json of these copies says
 
+BIT = "https://storage.googleapis.com/bit_models"
+BIT_M = ("r50x1", "r50x3", "r101x1", "r101x3", "r152x2", "r152x4")  # R152x2 was added to the release later
+BIT_S = ("r50x1", "r50x3", "r101x1", "r101x3", "r152x4")
+
+
+def _bit(model: str, upstream: str) -> PretrainedRow:
+    """A Big Transfer file (google-research/big_transfer README: BiT-M on ImageNet-21k, BiT-S on ImageNet-1k),
+    pretrained at 224 pixels; big_transfer's own code feeds it pixels normalised with mean = std = 0.5."""
+    classes = "imagenet-21k" if upstream == "M" else "imagenet-1k"
+    name = f"BiT-{upstream}-R{model.removeprefix('bit_r')}.npz"
+    weights = "bit_m_in21k" if upstream == "M" else "bit_s_in1k"
+    config = {"num_classes": CLASS_COUNTS[classes], "img_size": 224}
+    return PretrainedRow(model, weights, "big_transfer", url=f"{BIT}/{name}", classes=classes, config=config)
+
+
 # fmt: off
 PRETRAINED: dict[str, PretrainedRow] = {row.tag: row for row in (
     # --- the original release: ImageNet-21k (pre-logits + zeroed head) and its ImageNet-1k fine-tunes
@@ -243,6 +258,9 @@ PRETRAINED: dict[str, PretrainedRow] = {row.tag: row for row in (
          ("config.json", "model.safetensors"), "hf", "346 MB", config=HF_NUMERICS),
     _hub("vit_b16.orig_in21k_ft_in1k_hf", "google/vit-base-patch16-384",
          ("config.json", "model.safetensors"), "hf", "347 MB", img_size=384, config=HF_NUMERICS),
+    # --- the paper's CNN baselines: Big Transfer ResNet-v2
+    *(_bit(f"bit_{arch}", "M") for arch in BIT_M),
+    *(_bit(f"bit_{arch}", "S") for arch in BIT_S),
 )}
 # fmt: on
 
