@@ -300,7 +300,7 @@ def test_hf_reads_our_export(tmp_path):
 
 
 def test_hf_export_refuses_what_hf_cannot_express():
-    with pytest.raises(ValueError, match="global-average-pooling"):
+    with pytest.raises(ValueError, match="class token only, not classifier=.gap."):
         vitkit_to_hf(tiny(classifier="gap"))
     with pytest.raises(ValueError, match="ResNet stem"):
         vitkit_to_hf(tiny(**HYBRID))

@@ -354,7 +354,7 @@ def test_create_model_overrides_and_errors():
     with pytest.raises(TypeError, match="no field"):
         create_model("vit_ti16", widht=10)
     with pytest.raises(ValueError, match="classifier"):
-        create_model("vit_ti16", classifier="map")
+        create_model("vit_ti16", classifier="mapx")
     assert "vit_b16" in vitkit.list_models("b16")
 
 

@@ -63,6 +63,18 @@ def weights(run_dir: Path) -> dict[str, torch.Tensor]:
     return read_native(run_dir)[1]
 
 
+def stopped_and_resumed(doc: dict, steps: int = 3):
+    """(a run straight through, the same run saved after ``steps`` steps and resumed): their results."""
+    reference = train(config_from_dict(doc, ["run.name=ref"]))
+    first = Trainer(config_from_dict(doc, ["run.name=cut"]))
+    batches = first.batches(0)
+    for _ in range(steps):
+        first.train_step(batches)
+    first.save()
+    first.close()
+    return reference, train(config_from_dict(doc, ["run.name=cut", "run.resume=true"]))
+
+
 # --------------------------------------------------------------------------------------------- config
 def test_config_overrides_are_typed():
     cfg = load_config(
@@ -254,14 +266,7 @@ def test_resume_is_exact_on_the_dataloader_path(tmp_path):
         optim={"batch_size": 8},
         schedule={"steps": 6},
     )
-    reference = train(config_from_dict(doc, ["run.name=ref"]))
-    first = Trainer(config_from_dict(doc, ["run.name=cut"]))
-    batches = first.batches(0)
-    for _ in range(3):
-        first.train_step(batches)
-    first.save()
-    first.close()
-    resumed = train(config_from_dict(doc, ["run.name=cut", "run.resume=true"]))
+    reference, resumed = stopped_and_resumed(doc)
     a, b = weights(reference.run_dir), weights(resumed.run_dir)
     assert all(torch.equal(a[k], b[k]) for k in a)
 

@@ -250,6 +250,11 @@ def add_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
     p.add_argument("--batch-size", type=int, default=32, help="images per forward pass (default 32)")
     p.add_argument("--fast", action="store_true", help="optimise the model for inference first (vitkit.fast)")
+    p.add_argument(
+        "--int8",
+        action="store_true",
+        help="CPU: Linear layers dynamically quantised to int8 (implies --fast; slightly different probabilities)",
+    )
 
 
 @command("predict", "top-k classes with probabilities for image files")
@@ -263,10 +268,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise UserError("predict: no image files given")
     model, prep, _ = load_for_inference(args.checkpoint, **_model_overrides(args))
     names = read_labels(args.labels) if args.labels else None
-    if args.fast:
+    if args.fast or args.int8:
         from .fast import optimize_for_inference
 
-        model = optimize_for_inference(model)
+        model = optimize_for_inference(model, precision="int8" if args.int8 else "auto")
     results = predict_files(model, args.images, prep, args.top_k, args.batch_size, names)
     for r in results:
         if r.error is not None:
@@ -332,6 +337,7 @@ def add_export(p: argparse.ArgumentParser) -> None:
     p.add_argument("--opset", type=int, default=18)
     p.add_argument("--img-size", type=int, help="export at this resolution (position embeddings resampled)")
     p.add_argument("--force", action="store_true", help="replace an existing output file")
+    p.add_argument("--int8", action="store_true", help="dynamically quantise the MatMul weights to int8 (onnxruntime)")
 
 
 @command("export", "export a checkpoint to ONNX (dynamic batch) and check it against onnxruntime")
@@ -341,7 +347,12 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     size = {"img_size": args.img_size} if args.img_size else {}
     model = load_model(args.checkpoint, **_model_overrides(args), **size)
-    path = export_onnx(model, args.onnx, opset=args.opset, force=args.force)
+    path = export_onnx(model, args.onnx, opset=args.opset, force=args.force, int8=args.int8)
+    if args.int8:
+        # int8 moves logits by a few percent: a check against gross errors (its accuracy: benchmarks/bench_vit.py)
+        err = check_onnx(path, model, batch_sizes=(1, 3), rtol=0.2)
+        print(f"wrote {path} (int8, opset {args.opset}, dynamic batch); onnxruntime vs torch fp32 max |diff| {err:.2e}")
+        return 0
     err = check_onnx(path, model, batch_sizes=(1, 3))
     print(f"wrote {path} (opset {args.opset}, dynamic batch); onnxruntime vs torch max |diff| {err:.2e} (<= 1e-4)")
     return 0
@@ -354,7 +365,8 @@ def add_train(p: argparse.ArgumentParser) -> None:
         "spec",
         nargs="*",
         metavar="CONFIG | section.key=value",
-        help="a YAML config or a shipped one (digits, vit_b16_pretrain, vit_b16_finetune; default digits), then "
+        help="a YAML config or a shipped one (digits, mpp_digits, vit_b16_pretrain, vit_b16_finetune, vit_b16_mpp; "
+        "default digits), then "
         "typed overrides such as optim.lr=3e-4 schedule.epochs=10 run.resume=true; every key, its type, default "
         "and meaning: vitkit config",
     )
@@ -381,6 +393,13 @@ def _run_training(cfg, command: str) -> int:
     if os.environ.get("RANK", "0") != "0":
         return 0
     m = result.metrics
+    if "eval_mpp_acc" in m:  # masked patch prediction: no labels, the colour prediction is what is scored
+        print(
+            f"final held-out masked patch prediction: colour accuracy {100 * m['eval_mpp_acc']:.2f}% loss "
+            f"{m['eval_mpp_loss']:.4f} on {m['eval_images']} images | {result.step} steps, {result.num_params:,} "
+            f"params, wall time {result.wall_s:.1f} s | run: {result.run_dir}"
+        )
+        return 0
     print(
         f"final held-out accuracy: top-1 {100 * m['eval_top1']:.2f}% top-5 {100 * m['eval_top5']:.2f}% "
         f"loss {m['eval_loss']:.4f} on {m['eval_images']} images | {result.step} steps, {result.num_params:,} "

@@ -1,4 +1,4 @@
-"""One switch for fast inference: ``optimize_for_inference(model, dtype=torch.bfloat16)``.
+"""One switch for fast inference: ``optimize_for_inference(model, precision="auto" | "fp32" | "bf16" | "int8")``.
 
 The model's own forward is already lean, with or without this switch: q, k and v come from one fused matmul,
 laid out so that backward stacks their gradients without a copy, and a class-token model's last block computes
@@ -9,6 +9,11 @@ What the switch adds, and why each step pays (measured with ``vitkit bench``):
 - bf16 weights where the hardware runs bf16 matmuls natively (CUDA with bf16, CPUs with AMX or AVX512-BF16):
   half the memory traffic and several times the matmul rate. Elsewhere bf16 is emulated and slower than fp32,
   so the model stays fp32 with a warning.
+- int8 on request (``precision="int8"``, CPU): every nn.Linear dynamically quantised, weights int8 per output
+  channel, activations quantised per call from their own range, accumulation in int32 (fbgemm/x86 kernels with
+  VNNI or AVX2). ViT-B/16 spends ~95% of its FLOPs in those matmuls, which run ~3x faster than fp32; the patch
+  embedding, norms, softmax and GELU stay fp32. It changes the numerics more than bf16 does, so "auto" never
+  picks it: the benchmark prints its top-1 agreement with fp32 beside its speed.
 - the fused attention kernel (SDPA) rather than the explicit softmax(q k^T) v.
 - freed memory kept for reuse (tune_cpu_allocator, on the CPU): activations of tens of MB otherwise come from
   fresh pages that the kernel faults in and zero-fills on every call.
@@ -20,6 +25,7 @@ What the switch adds, and why each step pays (measured with ``vitkit bench``):
 from __future__ import annotations
 
 import contextlib
+import copy
 import ctypes
 import os
 import shutil
@@ -34,6 +40,7 @@ from torch import nn
 from .errors import UserError
 from .models import VisionTransformer
 
+PRECISIONS = ("auto", "fp32", "bf16", "int8")
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
 COMPILE_MODES = ("none", "default", "max-autotune")
 
@@ -130,13 +137,72 @@ def compile_for_inference(fn: Callable[..., Any], mode: str = "default") -> Call
     return run
 
 
-class InferenceModel(nn.Module):
-    """A frozen model in its inference dtype: inputs are cast in, outputs cast back to the input's dtype."""
+def cpu_has_vnni() -> bool:
+    """True when this CPU has 8-bit dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return any(flag in flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype, compile_mode: str) -> None:
+
+def _full_range_linear_class() -> type[nn.Module]:
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
+
+    class FullRangeDynamicLinear(DynamicLinear):
+        """torch's dynamic int8 Linear with activations over all 256 levels instead of 128.
+
+        The stock module halves the activation range because AVX2's u8 x s8 multiply-add saturates at int16; with
+        VNNI the products accumulate in int32, and the full range halves the activation rounding error (on the
+        benchmark's digits run: 4 of 360 held-out predictions changed by int8 with the half range, 3 with the full).
+        """
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False)
+            return y.to(x.dtype)
+
+    return FullRangeDynamicLinear
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """A copy of an fp32 model whose nn.Linear layers are dynamically quantised to int8; the model is untouched.
+
+    Weights are int8 per output channel (symmetric); activations are quantised per call from their min/max and the
+    int32 products are rescaled to fp32. Other layers keep their fp32 weights (shared copies, not the originals).
+    """
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    if any(p.dtype != torch.float32 for p in model.parameters()):
+        raise UserError("int8: quantise an fp32 model (this one has other parameter dtypes)")
+    if any(p.device.type != "cpu" for p in model.parameters()):
+        raise UserError("int8: dynamic quantisation runs on the CPU only; move the model with .cpu() first")
+    # torch.ao.quantization.quantize_dynamic is deprecated in favour of torchao, a separate package; within torch
+    # itself it is still the only public route to the fbgemm/x86 dynamic int8 linear kernels, which measure ~3x
+    # fp32 on ViT-B/16's matmuls where torch._int_mm, the non-deprecated int8 matmul, is slower than fp32 on the
+    # CPU. Its deprecation warnings are silenced for this call only.
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|quantized tensor).*deprecated")
+        warnings.filterwarnings("ignore", message=r"torch\.quantize_per_\w+.* are deprecated", category=UserWarning)
+        mapping = {nn.Linear: _full_range_linear_class()} if cpu_has_vnni() else None
+        return quantize_dynamic(
+            frozen, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, mapping=mapping, inplace=True
+        )
+
+
+class InferenceModel(nn.Module):
+    """A frozen model in its inference precision: inputs are cast in, outputs cast back to the input's dtype.
+
+    ``precision`` is "fp32", "bf16" or "int8"; ``dtype`` is the dtype inputs are cast to (fp32 for int8, whose
+    layers quantise their inputs themselves).
+    """
+
+    def __init__(self, model: nn.Module, dtype: torch.dtype, compile_mode: str, precision: str | None = None) -> None:
         super().__init__()
         self.model = model
         self.dtype = dtype
+        self.precision = precision or ("bf16" if dtype == torch.bfloat16 else "fp32")
         self.compile_mode = compile_mode
         # a ViT runs the fused kernel whatever its configured default: same numerics, no (B, nh, N, N) probabilities
         self.call_kwargs = {"attn_impl": "sdpa"} if isinstance(model, VisionTransformer) else {}
@@ -150,42 +216,84 @@ class InferenceModel(nn.Module):
         return y.to(out_dtype)
 
     def extra_repr(self) -> str:
-        return f"dtype={self.dtype}, compile={self.compile_mode!r}"
+        return f"precision={self.precision}, compile={self.compile_mode!r}"
+
+
+def resolve_precision(precision: str | torch.dtype, device: torch.device, warn: bool = True) -> str:
+    """ "fp32", "bf16" or "int8" for a requested precision (a name or torch.float32 / torch.bfloat16) on a device.
+
+    "auto" is bf16 where the hardware multiplies bf16 natively and fp32 elsewhere. It never picks int8: int8
+    changes predictions (a fraction of a percent of top-1 on the benchmark's images), a trade for the user to make.
+    An explicit bf16 where bf16 is emulated becomes fp32 with a warning, since emulated bf16 is slower than fp32.
+    """
+    if isinstance(precision, torch.dtype) or precision in DTYPE_NAMES:
+        precision = "bf16" if resolve_dtype(precision) == torch.bfloat16 else "fp32"
+    if precision not in PRECISIONS:
+        raise UserError(f"precision {precision!r}: expected one of {PRECISIONS} (or torch.float32 / torch.bfloat16)")
+    if precision == "auto":
+        return "bf16" if bf16_is_fast(device) else "fp32"
+    if precision == "bf16" and not bf16_is_fast(device):
+        if warn:
+            warnings.warn(
+                f"bf16 is not native on this {device.type} (no AMX/AVX512-BF16 or CUDA bf16): keeping fp32, "
+                "which is faster here",
+                stacklevel=3,
+            )
+        return "fp32"
+    if precision == "int8" and device.type != "cpu":
+        raise UserError(f"precision 'int8': dynamic quantisation runs on the CPU only, not {device.type}")
+    return precision
 
 
 def optimize_for_inference(
-    model: nn.Module, dtype: torch.dtype | str = torch.bfloat16, compile: str | bool = "auto"
+    model: nn.Module,
+    precision: str | torch.dtype = "auto",
+    compile: str | bool = "auto",
+    *,
+    dtype: torch.dtype | str | None = None,
 ) -> InferenceModel:
-    """The fastest inference path for a model: eval, frozen, bf16 where native, fused SDPA, compiled.
+    """The fastest inference path for a model: eval, frozen, bf16 where native (or int8 on request), fused SDPA,
+    compiled.
 
     On the CPU this also calls tune_cpu_allocator(), which is process-wide.
 
-    ``dtype``: bf16 (default) falls back to fp32 with a warning where bf16 is emulated. ``compile``: "auto"
-    (compile wherever inductor can build kernels), "none"/False, "default", "max-autotune" (slow to compile,
-    sometimes faster on CUDA), True = "default". The model is converted in place (like ``model.to``) and wrapped;
-    outputs come back in the input's dtype and match the fp32 model within the chosen dtype's tolerance.
-    With compilation the first call, and the first at each new input shape, compiles: seconds on CUDA, up to a
-    few minutes for ViT-B on a small CPU.
+    ``precision``: "auto" (default: bf16 where native, else fp32), "fp32", "bf16" (fp32 with a warning where bf16
+    is emulated) or "int8" (CPU: Linear layers dynamically quantised, see quantize_int8). ``dtype`` is the older
+    spelling of fp32 / bf16 and still accepted. ``compile``: "auto" (compile wherever inductor can build kernels),
+    "none"/False, "default", "max-autotune" (slow to compile, sometimes faster on CUDA), True = "default".
+
+    fp32 and bf16 convert the model in place (like ``model.to``: eval mode, frozen, cast) and wrap it; int8
+    quantises a copy and leaves the model as it was, since its quantised layers could not be trained or saved as
+    the original. The config is never changed. Outputs come back in the input's dtype and match the fp32 model
+    within the precision's tolerance. int8 runs eagerly: torch.compile does not trace its quantised layers, so
+    an explicit compile request falls back with a warning. With compilation the first call, and the first at each
+    new input shape, compiles: seconds on CUDA, up to a few minutes for ViT-B on a small CPU.
     """
-    dtype = resolve_dtype(dtype)
+    if dtype is not None:
+        if precision != "auto":
+            raise UserError("optimize_for_inference: give precision or dtype, not both")
+        precision = dtype
     ref = next(model.parameters(), None)
     device = ref.device if ref is not None else torch.device("cpu")
-    if dtype == torch.bfloat16 and not bf16_is_fast(device):
-        warnings.warn(
-            f"bf16 is not native on this {device.type} (no AMX/AVX512-BF16 or CUDA bf16): keeping fp32, "
-            "which is faster here",
-            stacklevel=2,
-        )
-        dtype = torch.float32
+    precision = resolve_precision(precision, device)
     if compile is True:
         compile = "default"
     elif compile is False:
         compile = "none"
     elif compile == "auto":
-        compile = "default" if can_compile(device) else "none"
+        compile = "default" if can_compile(device) and precision != "int8" else "none"
     elif compile not in COMPILE_MODES:
         raise UserError(f"compile={compile!r}: expected 'auto', True/False or one of {COMPILE_MODES}")
+    if precision == "int8" and compile != "none":
+        warnings.warn(
+            f"compile={compile!r} with int8: torch.compile does not trace the quantised layers; running eagerly",
+            stacklevel=2,
+        )
+        compile = "none"
     if device.type == "cpu":
         tune_cpu_allocator()
+    if precision == "int8":
+        return InferenceModel(quantize_int8(model), torch.float32, compile, "int8")
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model.eval().requires_grad_(False).to(dtype)
-    return InferenceModel(model, dtype, compile)
+    return InferenceModel(model, dtype, compile, precision)

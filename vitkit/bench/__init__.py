@@ -1,7 +1,7 @@
 """Benchmarks: images/s, FLOPs, utilisation and memory, side by side with peers (``vitkit bench``).
 
 flops.py counts model FLOPs from the config, memory.py measures step memory and the largest batch within a
-budget, harness.py builds, checks parity, times alternating and reports.
+budget, harness.py builds, checks parity, times alternating and reports, stats.py says how sure each ratio is.
 """
 
 from .flops import layer_flops, model_flops, vit_flops
@@ -19,10 +19,12 @@ from .harness import (
     make_step,
     matmul_probe,
     measure_matmul_peak,
+    paired_ratio_intervals,
     run_bench,
     time_alternating,
 )
 from .memory import find_max_batch, format_bytes, measure_step_memory, parse_bytes, resident_bytes
+from .stats import RatioStats, load_average, load_warnings, paired_ratio_stats, settled
 
 __all__ = [
     "ATTN_IMPLS",
@@ -32,20 +34,26 @@ __all__ = [
     "BenchConfig",
     "BenchReport",
     "Measurement",
+    "RatioStats",
     "best_rows",
     "check_parity",
     "find_max_batch",
     "format_bytes",
     "hf_peer",
+    "load_average",
+    "load_warnings",
     "layer_flops",
     "make_step",
     "matmul_probe",
     "measure_matmul_peak",
     "measure_step_memory",
     "model_flops",
+    "paired_ratio_intervals",
+    "paired_ratio_stats",
     "parse_bytes",
     "resident_bytes",
     "run_bench",
+    "settled",
     "time_alternating",
     "vit_flops",
 ]

@@ -42,6 +42,7 @@ from ..io import atomic_write_text
 from ..models import MODELS, create_model
 from .flops import model_flops
 from .memory import find_max_batch, format_bytes, measure_step_memory, memory_method, parse_bytes, resident_bytes
+from .stats import RatioStats, load_average, load_warnings, paired_ratio_stats, settled
 
 DTYPES = ("fp32", "bf16-autocast", "bf16")
 ATTN_IMPLS = ("sdpa", "explicit")
@@ -49,6 +50,7 @@ MODES = ("infer", "train")
 PEERS = ("hf", "onnx")
 PROBE = "matmul peak"
 SETTLE_S = 0.2  # idle time between timed calls, see time_alternating
+RATIO_FIELDS = ("median", "low", "high", "q1", "q3", "n", "confidence")
 PARITY_TOL = {"fp32": 1e-4, "bf16-autocast": 5e-2, "bf16": 5e-2}  # max |a - b| / max(1, max |ref|)
 
 
@@ -64,8 +66,10 @@ class BenchConfig:
     compile: str = "none"
     mode: str = "infer"
     compare: tuple[str, ...] = ()
-    repeats: int = 5
+    repeats: int = 5  # rounds at least; with max_repeats, more until the ratios' intervals settle
     warmup: int = 2
+    max_repeats: int = 0  # 0: exactly ``repeats`` rounds
+    target_half_width: float = 0.02  # stop once every ratio's 95% interval is within +-2% (see stats.settled)
     max_batch: bool = False
     memory_budget: str = "8GB"
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
@@ -84,6 +88,8 @@ class BenchConfig:
         for peer in self.compare:
             if peer not in PEERS:
                 raise UserError(f"bench compare={peer!r}: expected one of {PEERS}")
+        if self.max_repeats and self.max_repeats < self.repeats:
+            raise UserError(f"bench max_repeats={self.max_repeats}: must be 0 or at least repeats={self.repeats}")
         if self.batch_size < 1 or self.repeats < 1 or self.warmup < 0:
             raise UserError("bench needs batch_size >= 1, repeats >= 1 and warmup >= 0")
         parse_bytes(self.memory_budget)
@@ -117,6 +123,8 @@ class BenchReport:
     measurements: list[Measurement]
     ratios: dict[str, float]  # vitkit's speed over each peer's, best rows, paired by repeat (see paired_ratios)
     max_batch: dict[str, Any] | None = None
+    ratio_stats: dict[str, dict[str, Any]] = field(default_factory=dict)  # RatioStats.to_dict() per peer
+    warnings: list[str] = field(default_factory=list)  # load, and ratios whose interval is wider than the effect
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -148,7 +156,10 @@ class BenchReport:
                 f"{format_bytes(m.resident_bytes):>10} {parity:>9}"
             )
         for peer, ratio in self.ratios.items():
-            lines.append(f"vitkit / {peer} (best rows, paired by repeat): {ratio:.3f}x")
+            st = self.ratio_stats.get(peer)
+            shown = str(RatioStats(**{k: st[k] for k in RATIO_FIELDS})) if st else f"{ratio:.3f}x"
+            lines.append(f"vitkit / {peer} (best rows, paired by repeat): {shown}")
+        lines += [f"WARNING: {w}" for w in self.warnings]
         lines.append(f"memory: {self.memory_method}")
         if self.max_batch:
             mb = self.max_batch
@@ -272,20 +283,30 @@ def _relative_max_diff(a: Any, b: torch.Tensor) -> float:
 
 
 def time_alternating(
-    steps: dict[str, Callable[[], Any]], repeats: int, warmup: int, device: torch.device, settle_s: float = SETTLE_S
+    steps: dict[str, Callable[[], Any]],
+    repeats: int,
+    warmup: int,
+    device: torch.device,
+    settle_s: float = SETTLE_S,
+    until: Callable[[dict[str, list[float]]], bool] | None = None,
+    max_repeats: int = 0,
 ) -> dict[str, list[float]]:
-    """Seconds per call of each step, the steps taking turns within every repeat (after warm-up calls).
+    """Seconds per call of each step, the steps taking turns within every round (after warm-up rounds).
 
-    Between calls the process idles for settle_s (not timed): thread pools (OpenMP, onnxruntime) spin for a
-    while after their work, and would otherwise steal the cores from whichever step runs next.
+    ``repeats`` rounds are timed; then, with ``until`` and ``max_repeats``, further rounds until until(times) is
+    true or max_repeats rounds are done (see stats.settled). Between calls the process idles for settle_s (not
+    timed): thread pools (OpenMP, onnxruntime) spin for a while after their work, and would otherwise steal the
+    cores from whichever step runs next.
     """
     times: dict[str, list[float]] = {name: [] for name in steps}
-    for i in range(warmup + repeats):
+    rounds = 0
+    while rounds < warmup + repeats or (until is not None and rounds < warmup + max_repeats and not until(times)):
         for name, step in steps.items():
             time.sleep(settle_s)
             elapsed = _time(step, device)
-            if i >= warmup:
+            if rounds >= warmup:
                 times[name].append(elapsed)
+        rounds += 1
     return times
 
 
@@ -344,8 +365,19 @@ def run_bench(
     executed = model_flops(model, cfg.img_size, logits_path=True)  # vitkit's forward, and so its ONNX export
     step_flops = flops * cfg.batch_size * (3 if cfg.mode == "train" else 1)
     probe, probe_flops = matmul_probe(torch.float32 if cfg.dtype == "fp32" else torch.bfloat16, device)
-    log(f"timing {', '.join(steps)}: {cfg.warmup} warm-up and {cfg.repeats} timed calls each, alternating")
-    times = time_alternating({**steps, PROBE: probe}, cfg.repeats, cfg.warmup, device)
+    rounds = f"{cfg.repeats}" + (f" to {cfg.max_repeats}" if cfg.max_repeats > cfg.repeats else "")
+    log(f"timing {', '.join(steps)}: {cfg.warmup} warm-up and {rounds} timed calls each, alternating")
+
+    def ratios_settled(times: dict[str, list[float]]) -> bool:
+        ours = [t for name, t in times.items() if name.startswith("vitkit")]
+        peers = [t for name, t in times.items() if not name.startswith(("vitkit", PROBE))]
+        return settled([paired_ratio_stats(p, v) for p in peers for v in ours], cfg.target_half_width)
+
+    load_before = load_average()
+    times = time_alternating(
+        {**steps, PROBE: probe}, cfg.repeats, cfg.warmup, device, until=ratios_settled, max_repeats=cfg.max_repeats
+    )
+    notes = load_warnings(load_before, load_average(), torch.get_num_threads())
     peak = probe_flops / statistics.median(times.pop(PROBE)) / 1e9  # GFLOP/s under the same load as the models
     measurements = []
     for name, step_s in times.items():
@@ -370,7 +402,11 @@ def run_bench(
                 parity_max_abs=parity.get(impl),
             )
         )
-    ratios = paired_ratios(measurements)
+    stats = paired_ratio_intervals(measurements)
+    ratios = {peer: st.median for peer, st in stats.items()}
+    for peer, st in stats.items():
+        if st.inconclusive:
+            notes.append(f"vitkit / {peer}: the interval ({st.low:.3f}-{st.high:.3f}) is wider than the effect")
     max_batch = estimate_max_batch(model, cfg, device, measurements[0], log) if cfg.max_batch else None
     workdir.cleanup()
     return BenchReport(
@@ -384,6 +420,8 @@ def run_bench(
         measurements=measurements,
         ratios=ratios,
         max_batch=max_batch,
+        ratio_stats={peer: st.to_dict() for peer, st in stats.items()},
+        warnings=notes,
     )
 
 
@@ -399,6 +437,13 @@ def paired_ratios(measurements: Sequence[Measurement]) -> dict[str, float]:
     return {
         impl: statistics.median(t / v for t, v in zip(m.step_s, ours)) for impl, m in best.items() if impl != "vitkit"
     }
+
+
+def paired_ratio_intervals(measurements: Sequence[Measurement]) -> dict[str, RatioStats]:
+    """paired_ratios with the spread: each peer's best row against vitkit's, as RatioStats (stats.py)."""
+    best = best_rows(measurements)
+    ours = best["vitkit"].step_s
+    return {impl: paired_ratio_stats(m.step_s, ours) for impl, m in best.items() if impl != "vitkit"}
 
 
 def best_rows(measurements: Sequence[Measurement]) -> dict[str, Measurement]:
@@ -505,6 +550,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "load_avg": "n/a",
+        "cores": os.cpu_count(),
         "cpu_allocator": "freed memory kept (tune_cpu_allocator)" if cpu_allocator_tuned() else "default",
     }
     with contextlib.suppress(OSError, AttributeError):

@@ -190,7 +190,7 @@ def _check_exportable(model: nn.Module) -> None:
     if getattr(cfg, "arch", None) != "vit":
         raise UserError(f"only VisionTransformer models convert to Hugging Face ViT, not {type(model).__name__}")
     if cfg.classifier != "token":
-        raise UserError("Hugging Face ViT has no global-average-pooling classifier: cannot export a 'gap' model")
+        raise UserError(f"Hugging Face ViT pools its class token only, not classifier={cfg.classifier!r}")
     if cfg.resnet_layers is not None:
         raise UserError("Hugging Face ViT has no ResNet stem: cannot export a hybrid model")
     if (cfg.pos_embed, cfg.pos_embed_where) != ("learned", "input"):

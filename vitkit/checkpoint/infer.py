@@ -68,6 +68,7 @@ def infer_vit_config_with_guesses(
     gelu: str | None = None,
     num_heads: int | None = None,
     img_size: tuple[int, int] | None = None,
+    pos_embed: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """(ViTConfig fields plus arch='vit', what was guessed) for a vitkit-named ViT state dict.
 
@@ -76,12 +77,17 @@ def infer_vit_config_with_guesses(
     guesses map each guessed field to one line: the value, why, and how to pass another.
     img_size is the position embedding's (square) grid times the pixels per token, unless the file says it
     (``img_size``: a non-square grid, or a border that does not fill a patch); then it must give that grid.
+    A state without a learned table (a fixed sin-cos table, or none) has no grid to read: the reader passes
+    ``img_size`` and ``pos_embed`` (what its caller said), or it is an error saying to.
+    The pooling is the class token's when there is one, the MAP head's when there is one (attn_pool.*), else GAP.
     """
     required = ("patch_embed.proj.weight", "blocks.0.attn.qkv.weight", "blocks.0.mlp.fc1.weight")
     absent = [k for k in required if k not in state]
     if absent:
         raise UserError(f"{source}: no {', '.join(absent)}; not a ViT (first keys: {sorted(state)[:5]})")
     width, in_chs, ph, pw = state["patch_embed.proj.weight"].shape
+    if "cls_token" in state and "attn_pool.latent" in state:  # big_vision pools by one or the other, never both
+        raise UserError(f"{source}: both a class token and a MAP head (classifier='map' has no class token)")
     guessed: dict[str, str] = {}
     if num_heads is None:
         num_heads, why = _heads_guess(width)
@@ -99,7 +105,7 @@ def infer_vit_config_with_guesses(
         depth=block_count(state),
         num_heads=num_heads,
         mlp_dim=state["blocks.0.mlp.fc1.weight"].shape[0],
-        classifier="token" if "cls_token" in state else "gap",
+        classifier="token" if "cls_token" in state else "map" if "attn_pool.latent" in state else "gap",
         representation_size=state["pre_logits.weight"].shape[0] if "pre_logits.weight" in state else None,
         num_classes=state["head.weight"].shape[0] if "head.weight" in state else 0,
         resnet_layers=None,
@@ -115,7 +121,13 @@ def infer_vit_config_with_guesses(
         cfg["in_chans"] = root.shape[1]
         reduction = stem_reduction(cfg["resnet_layers"])
     if "pos_embed" not in state:
-        raise UserError(f"{source}: no learned position embedding; cannot infer the token grid")
+        if img_size is None or pos_embed is None:
+            raise UserError(
+                f"{source}: no learned position embedding, so the file does not say the token grid: pass img_size=... "
+                "and pos_embed='sincos_2d' (a fixed sin-cos table, as big_vision's posemb='sincos2d') or 'none'"
+            )
+        cfg.update(img_size=tuple(img_size), pos_embed=pos_embed)
+        return cfg, guessed
     rows = state["pos_embed"].shape[1] - (1 if "cls_token" in state else 0)
     if img_size is not None:
         h, w = img_size

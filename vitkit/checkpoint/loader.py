@@ -17,6 +17,10 @@ Loading is never quietly partial, nor quietly guessed: what a file does not say 
 head count and GELU) and the caller does not pass is listed in the report and warned about, since a wrong
 guess fits every shape and computes another function.
 
+Keys under a prefix the caller names (``drop=("mpp.",)``) or the file's own metadata lists as not part of
+the model (``"drop_on_load"``: a masked-patch-prediction run saves its pretraining head so) are not loaded and
+are reported under ``dropped``; everything else is held to the strict rule above.
+
 Metadata (e.g. class names saved with ``save_pretrained(model, dir, metadata=...)``; for HF directories
 ``{"class_names": [...]}`` from a non-placeholder id2label) is the report's ``metadata`` and is returned by
 ``load_model(..., return_metadata=True)``.
@@ -24,6 +28,7 @@ Metadata (e.g. class names saved with ``save_pretrained(model, dir, metadata=...
 
 from __future__ import annotations
 
+import re
 import tokenize
 import warnings
 import zipfile
@@ -170,16 +175,29 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
     return arrays
 
 
-def read_checkpoint(path: str | Path, format: str | None = None) -> Checkpoint:
-    """Read any supported checkpoint into vitkit's naming, with its inferred (or stored) config."""
+def read_checkpoint(
+    path: str | Path, format: str | None = None, tower: str | None = None, overrides: dict[str, Any] | None = None
+) -> Checkpoint:
+    """Read any supported checkpoint into vitkit's naming, with its inferred (or stored) config.
+
+    Official files: ``overrides`` (config fields) supply what the file does not say, before the config is inferred
+    (big_vision's sincos2d files: img_size and pos_embed; pool_type '0': classifier='first'); those fields are the
+    checkpoint's ``guessed`` ones, which the caller has settled, so a load reports them as the caller's. ``tower``
+    (or big_vision's spelling 'file.npz:img') reads an image tower of an image-text checkpoint (SigLIP: 'img');
+    a file whose only ViT is in one sub-tree is read from it, and ``metadata['tower']`` names it.
+    """
     path = Path(path)
+    if tower is None and not path.exists() and (m := re.match(r"^(.+\.npz):([\w/]+)$", str(path))):
+        path, tower = Path(m.group(1)), m.group(2)
     fmt = format or detect_format(path)
+    if tower is not None and fmt != "official":
+        raise UserError(f"{path}: tower={tower!r} selects a sub-tree of an official .npz, not of a {fmt} checkpoint")
     if fmt == "big_transfer":
         config, state = big_transfer.read_big_transfer(read_npz(path), str(path))
         return Checkpoint(path, fmt, config, state)
     if fmt == "official":
-        config, state = official.read_official(read_npz(path))
-        return Checkpoint(path, fmt, config, state)
+        read = official.read_official_checkpoint(read_npz(path), overrides, tower)
+        return Checkpoint(path, fmt, read.config, read.state, read.metadata, read.from_caller)
     if fmt == "hf":
         config, state = hf.read_hf(path)
         return Checkpoint(
@@ -230,7 +248,11 @@ def _adapt_vit(model: nn.Module, ckpt: Checkpoint, state: dict[str, torch.Tensor
 
 
 def load_pretrained(
-    model: nn.Module, path: str | Path | Checkpoint, strict: bool = True, format: str | None = None
+    model: nn.Module,
+    path: str | Path | Checkpoint,
+    strict: bool = True,
+    format: str | None = None,
+    drop: tuple[str, ...] | list[str] = (),
 ) -> LoadReport:
     """Load a checkpoint of any supported format into a model built for it, adapting what the paper adapts.
 
@@ -242,13 +264,23 @@ def load_pretrained(
     loads what fits and returns the report with ``ok`` False instead, for callers that inspect it themselves.
     ResNet models load vitkit files. The model is the caller's: what the file does not say (a bare timm state
     dict's head count and GELU) the model's config settles, and the report lists it under ``from_caller``.
+    Checkpoint keys starting with a ``drop`` prefix, or one the file's metadata lists under "drop_on_load",
+    are left out and reported as ``dropped``.
     """
-    ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path, format)
-    return _load(model, ckpt, strict, guessed={})
+    if isinstance(path, Checkpoint):
+        ckpt = path
+    else:  # what a file may not say (a sincos table's grid, pool '0') is the model's: it was built for the file
+        config = getattr(model, "config", None)
+        own = {k: getattr(config, k) for k in ("img_size", "pos_embed", "classifier") if hasattr(config, k)}
+        ckpt = read_checkpoint(path, format, overrides=own if getattr(config, "arch", None) == "vit" else None)
+    return _load(model, ckpt, strict, guessed={}, drop=tuple(drop))
 
 
-def _load(model: nn.Module, ckpt: Checkpoint, strict: bool, guessed: dict[str, str]) -> LoadReport:
-    """load_pretrained's work; ``guessed`` are the fields of ckpt.guessed the model took unchanged from the file."""
+def _load(
+    model: nn.Module, ckpt: Checkpoint, strict: bool, guessed: dict[str, str], drop: tuple[str, ...] = ()
+) -> LoadReport:
+    """load_pretrained's work; ``guessed`` are the fields of ckpt.guessed the model took unchanged from the file,
+    ``drop`` the caller's key prefixes to leave out (the file's "drop_on_load" ones are added)."""
     arch = getattr(getattr(model, "config", None), "arch", None)
     if arch not in ("vit", "resnet", "bit"):
         raise UserError(
@@ -264,6 +296,12 @@ def _load(model: nn.Module, ckpt: Checkpoint, strict: bool, guessed: dict[str, s
         if name not in guessed:
             report.from_caller[name] = f"{name}: {getattr(model.config, name)} (the caller's; the file does not say)"
     state = dict(ckpt.state)
+    declared = ckpt.metadata.get("drop_on_load") or []
+    prefixes = tuple(drop) + tuple(p for p in declared if isinstance(p, str) and p)
+    if prefixes:
+        for key in [k for k in state if k.startswith(prefixes)]:
+            state.pop(key)
+            report.dropped.append(key)
     if arch == "vit":
         _adapt_vit(model, ckpt, state, report)
     elif arch == "bit":  # another class count: a fresh zero head, as big_transfer fine-tunes
@@ -291,6 +329,8 @@ def load_model(
     return_metadata: bool = False,
     format: str | None = None,
     return_report: bool = False,
+    drop: tuple[str, ...] | list[str] = (),
+    tower: str | None = None,
     **overrides: Any,
 ) -> nn.Module | tuple[Any, ...]:
     """Build a model from a checkpoint file alone and load it; overrides change the inferred config.
@@ -300,9 +340,15 @@ def load_model(
     the weights (another depth, a missing block) is an error listing the keys. What the file does not say and
     the overrides do not give (a bare timm state dict's num_heads and gelu) is guessed: one UserWarning names
     the guesses and the report lists them. Returns the model, then the metadata with return_metadata (class
-    names etc.), then the LoadReport with return_report, as a tuple when either is asked for.
+    names etc.), then the LoadReport with return_report, as a tuple when either is asked for. ``drop``: key
+    prefixes to leave out, as load_pretrained's (the file's own "drop_on_load" ones always are).
+
+    Overrides are also what the file does not say, and are read before the config is inferred:
+    ``load_model("vit_s16_sincos.npz", pos_embed="sincos_2d", img_size=224)`` for big_vision's posemb='sincos2d'
+    (no table to read a grid from), ``classifier="first"`` for its pool_type '0'; the report's ``from_caller``
+    lists them. ``tower="img"`` reads the image tower of an image-text (SigLIP) checkpoint (see read_checkpoint).
     """
-    ckpt = read_checkpoint(path, format)
+    ckpt = read_checkpoint(path, format, tower=tower, overrides=overrides)
     arch = ckpt.config.get("arch", "vit")
     known = {f.name for f in fields(ViTConfig if arch == "vit" else ResNetConfig) if f.init}
     unknown = sorted(set(overrides) - known)
@@ -313,7 +359,7 @@ def load_model(
     except ConfigError as e:
         raise ConfigError(f"{ckpt.path}: {e}") from None
     guessed = {name: text for name, text in ckpt.guessed.items() if name not in overrides}
-    report = _load(model, ckpt, strict=True, guessed=guessed)
+    report = _load(model, ckpt, strict=True, guessed=guessed, drop=tuple(drop))
     if guessed:  # a wrong guess loads without a shape error and computes another function: say so once
         warnings.warn(f"{ckpt.path}: guessed {'; '.join(guessed.values())}", UserWarning, stacklevel=2)
     extra = ([report.metadata] if return_metadata else []) + ([report] if return_report else [])

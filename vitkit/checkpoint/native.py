@@ -1,8 +1,10 @@
 """vitkit's own format: a directory with model.safetensors (weights) and config.json (how to rebuild the model).
 
 config.json holds {"format": "vitkit", "model": <config fields incl. "arch">, "metadata": {...}}; metadata is
-free-form plain JSON (class names, training info). Both files are written atomically (temp file + rename),
-so an interrupted save never leaves a half-written checkpoint in place of a good one.
+free-form plain JSON (class names, training info). Tensors that are not the model's (a pretraining head, saved
+with ``extra``) sit beside its weights under their own prefix, which metadata["drop_on_load"] lists: every
+loader drops them and reports them as dropped (see loader.load_pretrained). Both files are written atomically
+(temp file + rename), so an interrupted save never leaves a half-written checkpoint in place of a good one.
 """
 
 from __future__ import annotations
@@ -87,11 +89,21 @@ def read_config_json(path: str | Path) -> dict[str, Any]:
 _JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
 
 
-def save_pretrained(model: nn.Module, directory: str | Path, metadata: dict[str, Any] | None = None) -> Path:
-    """Write model.safetensors + config.json into directory; returns the directory."""
+def save_pretrained(
+    model: nn.Module,
+    directory: str | Path,
+    metadata: dict[str, Any] | None = None,
+    extra: dict[str, torch.Tensor] | None = None,
+) -> Path:
+    """Write model.safetensors + config.json into directory; returns the directory. ``extra`` tensors are saved
+    beside the model's (their keys must not be the model's; list their prefix in metadata["drop_on_load"])."""
     directory = Path(directory)
     config = model.config.to_dict()  # type: ignore[operator]
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+    clash = sorted(set(state) & set(extra or {}))
+    if clash:
+        raise ValueError(f"save_pretrained: extra tensors {clash} have the names of model weights")
+    state.update({k: v.detach().contiguous().cpu() for k, v in (extra or {}).items()})
     atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     doc = {"format": FORMAT, "model": config, "metadata": metadata or {}}
     atomic_write_text(directory / CONFIG_NAME, json.dumps(doc, indent=2, default=list) + "\n")

@@ -42,6 +42,8 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     else:
         built = build_folder(cfg)
     info = built[2]
+    if cfg.train_fraction < 1:
+        built = (keep_fraction(built[0], cfg.train_fraction, cfg.split_seed), *built[1:])
     if info.num_classes == 1:  # legal, but almost always a folder one level too deep or too shallow
         where = cfg.root if cfg.source == "folder" else f"data.source={cfg.source}"
         hint = f" (expected {cfg.root}/<class>/<images>, a folder per class)" if cfg.source == "folder" else ""
@@ -51,6 +53,18 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
             stacklevel=2,
         )
     return built
+
+
+def keep_fraction(train: Dataset, fraction: float, seed: int) -> Dataset:
+    """A stratified ``fraction`` of a training set (every class keeps at least one image), the same for every run
+    with this seed: the labelled subset of a label-scarce experiment, whatever the run's own seed."""
+    if isinstance(train, ImageFolderDataset):
+        keep, _ = stratified_split([label for _, label in train.samples], 1 - fraction, seed)
+        train.samples = [train.samples[i] for i in sorted(keep)]
+    else:  # images and labels held as tensors or arrays (digits, synthetic, cifar)
+        keep, _ = stratified_split([int(label) for label in train.labels], 1 - fraction, seed)
+        train.images, train.labels = train.images[sorted(keep)], train.labels[sorted(keep)]
+    return train
 
 
 def _stats(cfg: DataConfig) -> tuple[list[float], list[float]]:

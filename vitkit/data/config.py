@@ -40,7 +40,8 @@ class DataConfig:
     root: str | None = None  # folder: root/<class>/<images>; cifar: the directory holding the batch files
     val_root: str | None = None  # folder: a separate evaluation tree; None = hold out val_fraction of root
     val_fraction: float = 0.2  # folder (without val_root) and synthetic: stratified held-out fraction
-    split_seed: int = 0  # seed of that split (and of the synthetic images)
+    split_seed: int = 0  # seed of that split (and of the synthetic images, and of train_fraction's subset)
+    train_fraction: float = 1.0  # keep this stratified fraction of the training images (scarce labels), in (0, 1]
     img_size: int | None = None  # input size in pixels (None: the source's default)
     in_chans: int | None = None  # 3 = RGB; 1 = grayscale (digits: 3 repeats the single channel)
     mean: float | list[float] = 0.5  # in [0, 1] pixel units; 0.5 / 0.5 maps pixels to [-1, 1] as the paper
@@ -76,6 +77,8 @@ class DataConfig:
             check_augment(self.train_augment, self.crop_area_min, self.shift_pixels or 0)
         if not 0.0 <= self.val_fraction < 1.0:
             raise UserError(f"data.val_fraction: expected a value in [0, 1), got {self.val_fraction}")
+        if not 0.0 < self.train_fraction <= 1.0:
+            raise UserError(f"data.train_fraction: expected a value in (0, 1], got {self.train_fraction}")
         if not 0.0 < self.eval_crop_fraction <= 1.0:
             raise UserError(f"data.eval_crop_fraction: expected a value in (0, 1], got {self.eval_crop_fraction}")
         if self.num_workers < 0:

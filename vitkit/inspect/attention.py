@@ -1,8 +1,12 @@
 """What the attention does: per-layer maps, attention rollout (paper Fig 6) and mean attention distance (Fig 7, 11).
 
-Every function works for class-token and GAP models and for hybrids: attention is recorded from the
-explicit attention path (softmax(q k^T / sqrt(d)) written out), and token positions come from the model's
-token grid and stride (input pixels per token, stem reduction included).
+Every function works for class-token, GAP, MAP-head and first-token models and for hybrids: attention is
+recorded from the explicit attention path (softmax(q k^T / sqrt(d)) written out), and token positions come from
+the model's token grid and stride (input pixels per token, stem reduction included). What the pooled output
+reads of the last layer's tokens (the ``readout``) decides which rows the maps show: the class token's row, the
+mean of the rows (GAP), the first token's row, or, for a MAP head, the rows weighted by its probe's attention
+(the probe attends to the encoded tokens with no residual of its own, so that attention is exactly how the
+pooled output draws on them).
 """
 
 from __future__ import annotations
@@ -23,13 +27,18 @@ Attention = torch.Tensor | Sequence[torch.Tensor]  # (L, B, nh, N, N) or L x (B,
 @dataclass
 class AttentionRecord:
     """One forward pass with its attention: ``attention`` (L, B, nh, N, N), the token ``grid`` (gh, gw),
-    ``num_prefix_tokens`` (1 with a class token, else 0), ``stride`` (input pixels per token) and ``logits``."""
+    ``num_prefix_tokens`` (1 with a class token, else 0), ``stride`` (input pixels per token) and ``logits``.
+    ``readout`` (B, N): the weights with which the pooled output reads the last layer's tokens, when they are
+    neither the class token's nor the mean of the patches (a MAP head's probe attention, averaged over its
+    heads; one-hot on the first token); ``map_attention`` (B, nh, N): a MAP head's probe attention per head."""
 
     attention: torch.Tensor
     grid: tuple[int, int]
     num_prefix_tokens: int
     stride: tuple[int, int]
     logits: torch.Tensor
+    readout: torch.Tensor | None = None
+    map_attention: torch.Tensor | None = None
 
 
 def _check_vit(model: nn.Module) -> None:
@@ -49,7 +58,15 @@ def record_attention(model: nn.Module, images: torch.Tensor) -> AttentionRecord:
         model.train(was_training)
     grid = tuple(out["patches"].shape[-2:])
     attention = torch.stack(out["attention"])  # (L, B, nh, N, N)
-    return AttentionRecord(attention, grid, model.num_prefix_tokens, tuple(model.config.stride), out["logits"])
+    probe, readout = out.get("map_attention"), None
+    if probe is not None:
+        probe = probe[:, :, 0]  # (B, nh, N): the one probe's row
+        readout = probe.mean(dim=1)
+    elif getattr(model.config, "classifier", None) == "first":
+        readout = F.one_hot(torch.zeros(attention.shape[1], dtype=torch.long), attention.shape[-1]).to(attention)
+    return AttentionRecord(
+        attention, grid, model.num_prefix_tokens, tuple(model.config.stride), out["logits"], readout, probe
+    )
 
 
 def attention_maps(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -68,10 +85,14 @@ def query_attention(record: AttentionRecord) -> torch.Tensor:
     """Per layer and head, where the output token looks: (L, B, nh, gh, gw) over the patch tokens.
 
     Class-token models: the class token's attention row. GAP models (no class token): the mean of the rows of
-    all patch tokens, since the pooled output is their average.
+    all patch tokens, since the pooled output is their average. MAP and first-token models: the rows weighted by
+    the record's readout.
     """
     attn, p = _stack(record.attention), record.num_prefix_tokens
-    rows = attn[..., 0, p:] if p else attn.mean(dim=-2)  # (L, B, nh, gh * gw)
+    if record.readout is not None:
+        rows = torch.einsum("bn,lbhnm->lbhm", record.readout.float(), attn)[..., p:]
+    else:
+        rows = attn[..., 0, p:] if p else attn.mean(dim=-2)  # (L, B, nh, gh * gw)
     return rows.reshape(*rows.shape[:3], *record.grid)
 
 
@@ -99,11 +120,24 @@ def rollout_map(record: AttentionRecord) -> torch.Tensor:
     """The rollout of the output that feeds the head, as a map over the patch grid: (B, gh, gw), sums to <= 1.
 
     Class-token models: the class token's row over the patch tokens (the mass it keeps on itself is
-    dropped). GAP models: the mean of the patch tokens' rows, matching the average pooling.
+    dropped). GAP models: the mean of the patch tokens' rows, matching the average pooling. MAP models: the
+    rollout carried one step further through the probe's head-averaged attention (no identity: the probe has no
+    residual path); first-token models: the first token's row.
     """
     joint, p = attention_rollout(record.attention), record.num_prefix_tokens
-    rows = joint[:, 0, p:] if p else joint.mean(dim=1)  # (B, gh * gw)
+    if record.readout is not None:
+        rows = (record.readout.float()[:, None, :] @ joint)[:, 0, p:]
+    else:
+        rows = joint[:, 0, p:] if p else joint.mean(dim=1)  # (B, gh * gw)
     return rows.reshape(rows.shape[0], *record.grid)
+
+
+def probe_attention(record: AttentionRecord) -> torch.Tensor | None:
+    """A MAP head's probe attention per head as maps over the patch grid: (B, nh, gh, gw); None for other models."""
+    if record.map_attention is None:
+        return None
+    rows = record.map_attention[..., record.num_prefix_tokens :].float()
+    return rows.reshape(*rows.shape[:2], *record.grid)
 
 
 def upsample_map(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:

@@ -28,7 +28,15 @@ from ..errors import UserError
 from ..io import atomic_write_text
 from ..predict import Preprocessing
 from . import figures
-from .attention import attention_distance, query_attention, record_attention, rollout_map, token_distances, upsample_map
+from .attention import (
+    attention_distance,
+    probe_attention,
+    query_attention,
+    record_attention,
+    rollout_map,
+    token_distances,
+    upsample_map,
+)
 from .embeddings import patch_filter_components, position_embedding_grid, position_similarity
 
 
@@ -176,7 +184,11 @@ def write_inspection(
         path, "Fig 7 right / Fig 11", f"mean attention distance (pixels) per head and layer, {len(sample)} images"
     )
 
-    what = "class token's attention over the patches" if model.num_prefix_tokens else "mean attention of all patches"
+    what = {
+        "token": "class token's attention over the patches",
+        "map": "attention of the tokens the MAP head reads, weighted by its probe's attention",
+        "first": "first token's attention over the patches",
+    }.get(model.config.classifier, "mean attention of all patches")
     for i, im in enumerate(images):
         rec = record_attention(model, inputs[i : i + 1])
         display = np.asarray(im.display, dtype=np.float64)
@@ -194,4 +206,13 @@ def write_inspection(
             maps, out / f"attention_{stem}.png", title=f"Attention maps: {caption}", what=what
         )
         index.add(path, "attention maps", f"{what}, every layer and head, for {im.name}")
+        probe = probe_attention(rec)
+        if probe is not None:  # the attention that decides what a MAP head pools: one row, one map per head
+            path = figures.plot_attention_maps(
+                probe[:1].cpu().numpy(),
+                out / f"map_attention_{stem}.png",
+                title=f"MAP head attention: {caption}",
+                what="the MAP head probe's attention over the patches, per head",
+            )
+            index.add(path, "MAP head attention", f"the MAP probe's attention over the patches for {im.name}")
     return index.save(title, notes)

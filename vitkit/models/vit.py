@@ -2,7 +2,11 @@
 
     image (B, C, H, W) -> [ResNet stem] -> patch conv (k = s = P) -> (B, N, D) tokens
     -> [class token] + position embedding -> dropout -> depth x pre-norm block -> LayerNorm
-    -> pool (class token or mean of patch tokens) -> [pre-logits Dense + tanh] -> head
+    -> pool (class token, mean of patch tokens, attention pooling or first token) -> [pre-logits Dense + tanh] -> head
+
+Pooling (``classifier``): the class token ("token", vit_jax and big_vision's pool_type 'tok'), the mean of the
+patch tokens ("gap"), big_vision's multi-head attention pooling ("map": a learned probe attends to the encoded
+tokens, see MAPHead) or the first token of a model without a class token ("first": big_vision's pool_type '0').
 
 Defaults follow the official code: LayerNorm eps 1e-6, tanh-approximated GELU, the official initialisation,
 a zero-initialised head. Parameter names follow timm's VisionTransformer, so its state dicts map one to one.
@@ -36,7 +40,7 @@ from .posemb import (
 )
 from .resnet import ResNetBackbone, stem_reduction
 
-CLASSIFIERS = ("token", "gap")
+CLASSIFIERS = ("token", "gap", "map", "first")
 POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "relative", "relative_2d", "none")
 POS_EMBED_WHERE = ("input", "every_layer", "every_layer_shared")
 RELATIVE_DIMS = {"relative": 1, "relative_2d": 2}  # offsets in raster order (the paper's), or (row, column)
@@ -59,7 +63,8 @@ class ViTConfig:
     depth: int = 12  # encoder blocks L
     num_heads: int = 12  # attention heads per block
     mlp_dim: int = 3072  # hidden width of each block's MLP
-    classifier: str = "token"  # "token": class token; "gap": mean of the patch tokens
+    classifier: str = "token"  # "token": class token; "gap": mean of the patch tokens; "map": attention pooling;
+    # "first": the first token without a class token (big_vision pool_type '0')
     representation_size: int | None = None  # pre-logits Dense + tanh (pretraining head); None or 0: none
     dropout: float = 0.0  # dropout after the position embedding, attention output and MLP layers
     attn_dropout: float = 0.0  # dropout on the attention probabilities
@@ -310,6 +315,45 @@ class Block(nn.Module):
         return x + self.mlp(self.norm2(x)), probs
 
 
+class MAPHead(nn.Module):
+    """Multi-head attention pooling, as big_vision's MAPHead: a learned probe token attends to the encoded tokens
+    (B, N, D), then x + MLP(LN(x)); the probe's output (B, D) is the pooled representation.
+
+    big_vision builds it with the encoder's head count and MLP width; q, k, v and out have biases, the LayerNorm
+    and GELU are the model's, and there is no dropout (big_vision's head has none). Parameter names follow timm's
+    AttentionPoolLatent (latent, q, kv, proj, norm, mlp), so its state dicts map one to one.
+    """
+
+    def __init__(self, cfg: ViTConfig) -> None:
+        super().__init__()
+        D = cfg.width
+        self.num_heads = cfg.num_heads
+        self.head_dim = D // cfg.num_heads
+        self.latent = nn.Parameter(torch.zeros(1, 1, D))  # big_vision's probe
+        self.q = nn.Linear(D, D)
+        self.kv = nn.Linear(D, 2 * D)  # keys, then values
+        self.proj = nn.Linear(D, D)
+        self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)
+        self.mlp = Mlp(D, cfg.mlp_dim, cfg.gelu)
+
+    def forward(self, x: torch.Tensor, explicit: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Encoded tokens (B, N, D) -> (pooled (B, D), the probe's attention probabilities (B, nh, 1, N) when
+        explicit, else None)."""
+        B, N, D = x.shape
+        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
+        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, N, hd)
+        probs = None
+        if explicit:
+            probs = ((q * self.head_dim**-0.5) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, nh, 1, N)
+            y = probs @ v
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        y = self.proj(y.transpose(1, 2).reshape(B, 1, D))  # (B, 1, D)
+        y = y + self.mlp(self.norm(y))
+        return y[:, 0], probs
+
+
 class PatchEmbed(nn.Module):
     """Optional ResNet stem, then a conv with kernel = stride = patch size: (B, C, H, W) -> (B, N, D) tokens.
 
@@ -375,6 +419,7 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
         self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)
+        self.attn_pool = MAPHead(cfg) if cfg.classifier == "map" else None  # reads the normalised tokens
         self.num_features = cfg.representation_size or D
         self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
         self.head = zero_head(self.num_features, cfg.num_classes)
@@ -401,6 +446,19 @@ class VisionTransformer(nn.Module):
             nn.init.xavier_uniform_(blk.attn.proj.weight)
             nn.init.zeros_(blk.attn.proj.bias)
             for fc in (blk.mlp.fc1, blk.mlp.fc2):
+                nn.init.xavier_uniform_(fc.weight)
+                nn.init.normal_(fc.bias, std=1e-6)
+        if self.attn_pool is not None:  # as big_vision's MAPHead: xavier_uniform kernels and probe, zero biases
+            pool = self.attn_pool
+            bound = (6.0 / (1 + D)) ** 0.5  # Flax's xavier_uniform of a (1, 1, D) probe: fan_in 1, fan_out D
+            nn.init.uniform_(pool.latent, -bound, bound)
+            nn.init.xavier_uniform_(pool.q.weight)
+            for i in range(2):
+                nn.init.xavier_uniform_(pool.kv.weight[i * D : (i + 1) * D])
+            nn.init.xavier_uniform_(pool.proj.weight)
+            for lin in (pool.q, pool.kv, pool.proj):
+                nn.init.zeros_(lin.bias)
+            for fc in (pool.mlp.fc1, pool.mlp.fc2):
                 nn.init.xavier_uniform_(fc.weight)
                 nn.init.normal_(fc.bias, std=1e-6)
         if self.pre_logits is not None:
@@ -530,14 +588,21 @@ class VisionTransformer(nn.Module):
         return self.encode(self.embed_tokens(patches, grid), attn_impl, grid=grid)
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, N, D) -> (B, D): the class token, or the mean of the patch tokens."""
-        return x[:, 0] if self.config.classifier == "token" else x[:, self.num_prefix_tokens :].mean(dim=1)
+        """(B, N, D) -> (B, D): the class token or first token, the mean of the patch tokens, or the MAP head."""
+        classifier = self.config.classifier
+        if classifier in ("token", "first"):
+            return x[:, 0]
+        if classifier == "map":
+            return self.attn_pool(x)[0]
+        return x[:, self.num_prefix_tokens :].mean(dim=1)
+
+    def _represent(self, pooled: torch.Tensor) -> torch.Tensor:
+        """Pooled (B, D) -> the representation the head reads: pre-logits Dense + tanh, if the model has one."""
+        return pooled if self.pre_logits is None else torch.tanh(self.pre_logits(pooled))
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Encoded tokens (B, N, D) -> logits (B, K), or the representation before the head if pre_logits."""
-        x = self.pool(x)
-        if self.pre_logits is not None:
-            x = torch.tanh(self.pre_logits(x))
+        x = self._represent(self.pool(x))
         return x if pre_logits else self.head(x)
 
     def forward(self, x: torch.Tensor, attn_impl: str | None = None) -> torch.Tensor:
@@ -545,7 +610,7 @@ class VisionTransformer(nn.Module):
         token alone (keys and values still from all): the same logits for about 1/depth less work, in training
         too, as no other token of the last block reaches the loss. The last block's output (and what its hooks
         see) is then (B, 1, D); forward_features and forward_intermediates give every token."""
-        out_tokens = 1 if self.config.classifier == "token" else None
+        out_tokens = 1 if self.config.classifier in ("token", "first") else None
         patches, grid = self.patch_embed(x)
         return self.forward_head(self.encode(self.embed_tokens(patches, grid), attn_impl, out_tokens, grid=grid))
 
@@ -556,7 +621,9 @@ class VisionTransformer(nn.Module):
 
         Keys: ``stem`` (hybrids: the ResNet feature map), ``patches`` (B, D, gh, gw), ``tokens`` (input to
         the first block), ``blocks`` (list of (B, N, D)), ``attention`` (list of (B, nh, N, N) when
-        return_attention; this uses the explicit path), ``encoded``, ``pooled``, ``pre_logits``, ``logits``.
+        return_attention; this uses the explicit path), ``encoded``, ``pooled``, ``pre_logits``, ``logits``; for a
+        MAP-head model with return_attention also ``map_attention`` (B, nh, 1, N): the probe's attention over the
+        encoded tokens, the attention that decides what the head sees.
         """
         out: dict[str, Any] = {}
         if self.patch_embed.backbone is not None:
@@ -570,8 +637,13 @@ class VisionTransformer(nn.Module):
         out["encoded"] = encoded = self.encode(
             x, attn_impl, blocks=out["blocks"], attention=out.get("attention"), grid=grid
         )
-        out["pooled"] = self.pool(encoded)
-        out["pre_logits"] = feats = self.forward_head(encoded, pre_logits=True)
+        if self.attn_pool is not None and (return_attention or (attn_impl or self.config.attn_impl) == "explicit"):
+            out["pooled"], probs = self.attn_pool(encoded, explicit=True)
+            if return_attention:
+                out["map_attention"] = probs
+        else:
+            out["pooled"] = self.pool(encoded)
+        out["pre_logits"] = feats = self._represent(out["pooled"])
         out["logits"] = self.head(feats)
         return out
 
@@ -588,6 +660,8 @@ class VisionTransformer(nn.Module):
     def no_weight_decay(self) -> set[str]:
         """Parameters that are embeddings rather than weights; optimizers also skip biases and norms."""
         names = {n for n in ("cls_token", "pos_embed", "pos_embed_x", "pos_embed_y") if getattr(self, n) is not None}
+        if self.attn_pool is not None:  # the MAP head's probe is a learned token, as the class token is
+            names.add("attn_pool.latent")
         rel = {f"blocks.{i}.attn.rel_pos_embed" for i, b in enumerate(self.blocks) if b.attn.rel_pos_embed is not None}
         return names | rel
 

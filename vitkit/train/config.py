@@ -4,7 +4,9 @@
     data:     vitkit.data.DataConfig (source, root, split, preprocessing, augmentation)
     optim:    optimizer, lr, weight decay, clipping, label smoothing, global batch and accumulation
     schedule: length (steps or epochs), warmup, decay shape
-    run:      where outputs go, seed, logging/eval/checkpoint cadence, precision, device, resume, init_from
+    run:      where outputs go, seed, logging/eval/checkpoint cadence, precision, device, resume, init_from,
+              and the objective (classification, or mpp: masked patch prediction)
+    mpp:      the masked patch prediction objective's corruption rates and target (run.objective=mpp)
 
 A value's type is the dataclass field's type, so ``optim.lr=3e-4`` is a float, ``optim.betas=0.9,0.95`` a
 tuple and ``model.representation_size=none`` an Optional; an unknown key or a wrong type is a ValueError
@@ -34,6 +36,8 @@ from ..models.registry import MODELS, config_class, model_config, unknown_model
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
 AMPS = ("none", "bf16", "fp16")
+OBJECTIVES = ("classification", "mpp")
+MPP_TARGETS = ("color", "color_grid", "pixels")
 REQUIRED = "???"  # a config value the user must supply on the command line
 
 
@@ -71,9 +75,12 @@ class OptimConfig:
     batch_size: int = 128  # images per optimizer step, over all ranks and micro-batches
     accum_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
     polyak: float = 0.0  # Polyak (EMA) averaging of the weights, e.g. 0.9999 as the paper; 0: off
+    layer_decay: float = 1.0  # layer-wise lr decay for fine-tuning: block i of L gets lr x layer_decay^(L-i); 1: off
 
     def __post_init__(self) -> None:
         _check_choice("optim.name", self.name, OPTIMIZERS)
+        if not 0 < self.layer_decay <= 1:
+            raise UserError(f"optim.layer_decay={self.layer_decay}: expected a factor in (0, 1] (1 turns it off)")
         if not 0 <= self.polyak < 1:
             raise UserError(f"optim.polyak={self.polyak}: expected a factor in [0, 1) (0 turns averaging off)")
         for key in ("lr", "weight_decay", "grad_clip"):
@@ -138,12 +145,47 @@ class RunConfig:
     init_from: str | None = None  # fine-tune from any checkpoint vitkit.load_pretrained reads
     progress: bool = True  # show a progress bar
     plots: bool = True  # write loss.png and accuracy.png at the end
+    objective: str = "classification"  # "classification" (cross-entropy on labels) or "mpp" (masked patch prediction)
 
     def __post_init__(self) -> None:
         _check_choice("run.amp", self.amp, AMPS)
+        _check_choice("run.objective", self.objective, OBJECTIVES)
         for key in ("threads", "log_every", "eval_every", "save_every"):
             _check_at_least(f"run.{key}", getattr(self, key), 0)
         _check_at_least("run.eval_batch_size", self.eval_batch_size, 1)
+
+
+@dataclass
+class MPPConfig:
+    """Masked patch prediction (paper sec 4.6, appendix B.1.2), used when run.objective=mpp (see train/mpp.py).
+
+    mask_ratio of the patches of each image are corrupted; each corrupted patch is replaced by the [mask]
+    embedding (mask_share), by another patch of the same image (random_share) or left as it is (the rest), and
+    its output token predicts the target. The shares are of the corrupted patches: 0.8 / 0.1 / (0.1) as BERT.
+    """
+
+    mask_ratio: float = 0.5  # fraction of each image's patches that are corrupted and predicted, in (0, 1]
+    mask_share: float = 0.8  # of the corrupted patches: replaced by the learned [mask] embedding
+    random_share: float = 0.1  # of the corrupted patches: replaced by another patch's embedding of the same image
+    target: str = "color"  # "color" (mean colour), "color_grid" (4x4 sub-patch colours) or "pixels" (L2)
+    bits: int = 3  # colour targets: bits per channel; 2^(bits x channels) classes (512 RGB, 8 grey at 3 bits)
+    grid: int = 4  # color_grid: sub-patches per patch side (grid x grid colours predicted per patch)
+
+    def __post_init__(self) -> None:
+        _check_choice("mpp.target", self.target, MPP_TARGETS)
+        if not 0 < self.mask_ratio <= 1:
+            raise UserError(f"mpp.mask_ratio={self.mask_ratio}: expected a fraction in (0, 1]")
+        for key in ("mask_share", "random_share"):
+            if not 0 <= getattr(self, key) <= 1:
+                raise UserError(f"mpp.{key}={getattr(self, key)}: expected a fraction in [0, 1]")
+        if not self.mask_share + self.random_share <= 1 + 1e-9:
+            raise UserError(
+                f"mpp.mask_share={self.mask_share} + mpp.random_share={self.random_share} exceed 1; the rest of the "
+                "corrupted patches is left unchanged, so the two shares must sum to at most 1"
+            )
+        if not 1 <= self.bits <= 8:
+            raise UserError(f"mpp.bits={self.bits}: expected 1 to 8 bits per channel")
+        _check_at_least("mpp.grid", self.grid, 1)
 
 
 @dataclass
@@ -153,6 +195,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    mpp: MPPConfig = field(default_factory=MPPConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return _plain({**dataclasses.asdict(self), "model": self.model.to_dict()})
@@ -307,6 +350,7 @@ SECTIONS: dict[str, type] = {
     "optim": OptimConfig,
     "schedule": ScheduleConfig,
     "run": RunConfig,
+    "mpp": MPPConfig,
 }
 
 
@@ -396,7 +440,7 @@ def read_config_file(path: Path) -> dict[str, Any]:
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
     if doc is not None and not isinstance(doc, dict):
-        raise UserError(f"{path}: expected a mapping of sections (model, data, optim, schedule, run)")
+        raise UserError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)})")
     return doc or {}
 
 

@@ -1,10 +1,12 @@
 """The training engine: ``Trainer(cfg).fit()`` runs a TrainConfig end to end; ``evaluate`` scores a model.
 
 One optimizer step = ``accum_steps`` micro-batches (forward, backward; DDP syncs gradients on the last),
-a non-finite-loss check, gradient-norm clipping, the optimizer step at the scheduled lr. Every random choice
-derives from (seed, step): data order and augmentation (sampling.py), and dropout, re-seeded before each
-micro-batch. So the saved state is the weights, the optimizer and the step, and a resumed run ends with the
-same weights as one never interrupted.
+a non-finite-loss check, gradient-norm clipping, the optimizer step at the scheduled lr. The loss is the
+objective's (run.objective): cross-entropy on the labels (``Classification``), or masked patch prediction
+(mpp.py), which wraps the ViT and ignores the labels. Every random choice derives from (seed, step): data order
+and augmentation (sampling.py), and dropout and MPP's corruption, re-seeded before each micro-batch. So the
+saved state is the weights, the optimizer and the step, and a resumed run ends with the same weights as one
+never interrupted.
 
 Run directory (rank 0 writes):
     config.yaml                resolved config
@@ -47,6 +49,7 @@ from . import distributed as dist_utils
 from .config import ScheduleConfig, TrainConfig, load_config
 from .finetune import default_steps, init_from_checkpoint, read_source
 from .metrics import MetricsLog, plot_metrics, topk_correct
+from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
 from .sampling import SeededBatches, SeededItems, StepPlan, mix_seed
 from .state import STATE_NAME, load_train_state, read_train_state, save_train_state
@@ -173,6 +176,32 @@ def evaluate(
     return {"eval_loss": loss_sum / n, "eval_top1": top1 / n, "eval_top5": top5 / n, "eval_images": n}
 
 
+class Classification:
+    """The supervised objective: cross-entropy on the labels, scored by top-1 / top-5 (``evaluate``)."""
+
+    def __init__(self, label_smoothing: float = 0.0) -> None:
+        self.label_smoothing = label_smoothing
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(model(x).float(), y, label_smoothing=self.label_smoothing)
+
+    def evaluate(self, model: nn.Module, dataset: Dataset, *args: Any) -> dict[str, float]:
+        return evaluate(model, dataset, *args)
+
+    def export(self, model: nn.Module) -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, Any]]:
+        return model, {}, {}
+
+
+def build_objective(cfg: TrainConfig, info: DatasetInfo) -> Classification | MaskedPatchPrediction:
+    """The objective run.objective names: what the model is trained to do, and how it is scored and saved."""
+    if cfg.run.objective == "mpp":
+        return MaskedPatchPrediction(cfg.mpp, info, cfg.run.seed)
+    return Classification(cfg.optim.label_smoothing)
+
+
 # ---------------------------------------------------------------------------------------- run directory
 def choose_run_dir(out_dir: str | Path, name: str, resume: bool) -> Path:
     """out_dir/name, or name-1, name-2, ... if taken (never reuse silently); resume: the newest with a state."""
@@ -257,10 +286,12 @@ class Trainer:
 
         source = read_source(cfg.run.init_from) if cfg.run.init_from else None  # read once: architecture, weights
         torch.manual_seed(mix_seed(cfg.run.seed, 0x1417))  # model init
+        self.objective = build_objective(cfg, self.info)
         self.model = build_model(cfg, self.info, source)
         self.init_report = None
         if source is not None:
             self.init_report = init_from_checkpoint(self.model, source, self.info.num_classes)
+        self.model = self.objective.wrap(self.model)  # mpp: the ViT inside an MPPModel
         self.model.to(self.device)
         # fused kernels exist on CUDA and CPU; on CPU they are ~5x faster than the per-tensor (foreach) path
         self.optimizer = build_optimizer(self.model, o, fused=self.device.type in ("cuda", "cpu"))
@@ -399,8 +430,7 @@ class Trainer:
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:
                 with _autocast(self.device, cfg.run.amp):
-                    logits = self.train_model(x)
-                loss = F.cross_entropy(logits.float(), y, label_smoothing=cfg.optim.label_smoothing)
+                    loss = self.objective.loss(self.train_model, x, y)
                 self.scaler.scale(loss / accum).backward()
             loss_sum += loss.detach()
         loss_value = float(dist_utils.all_reduce_mean(loss_sum / accum, self.dist))
@@ -435,7 +465,7 @@ class Trainer:
         """Rank 0 scores the held-out set (the other ranks wait); logs and returns the metrics."""
         metrics: dict[str, float] = {}
         if self.dist.is_main:
-            metrics = evaluate(
+            metrics = self.objective.evaluate(
                 self.eval_model,
                 self.eval_ds,
                 self.device,
@@ -512,7 +542,8 @@ class Trainer:
             meta = {**self.info.to_dict(), "step": self.step, "epoch": self.epoch, "metrics": self.last_eval}
             if self.averaged is not None:  # the run's model is the averaged one; the raw weights are in the state
                 meta["weights"] = f"polyak average, factor {self.cfg.optim.polyak}"
-            save_pretrained(self.eval_model, self.run_dir, metadata=meta)
+            model, extra, about = self.objective.export(self.eval_model)  # mpp: the ViT, its head kept as extras
+            save_pretrained(model, self.run_dir, metadata={**meta, **about}, extra=extra)
         dist_utils.barrier(self.dist)
         self.last_saved = self.step
 
@@ -534,7 +565,7 @@ class Trainer:
                     "step": self.step,
                     "epoch": self.epoch,
                     "loss": sum(losses) / len(losses),
-                    "lr": self.optimizer.param_groups[0]["lr"],
+                    "lr": lr_at(self.step - 1, self.total_steps, self.cfg.optim.lr, self.schedule),  # the head's
                     "images_per_s": images / max(elapsed, 1e-9),
                     "time": round(time.perf_counter() - self.t_start, 3),
                 }
@@ -548,7 +579,7 @@ class Trainer:
             if run.eval_every > 0 and self.step % run.eval_every == 0 and self.step < self.total_steps:
                 self.evaluate()
                 if progress is not None:
-                    progress.set_description(f"top-1 {100 * self.last_eval.get('eval_top1', 0):.1f}%")
+                    progress.set_description(_headline(self.last_eval))
             if run.save_every > 0 and self.step % run.save_every == 0 and self.step < self.total_steps:
                 self.save()
             if self._stop_requested():
@@ -582,7 +613,8 @@ class Trainer:
             final = self.evaluate()
             self.save()
         if self.dist.is_main and self.cfg.run.plots:
-            plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=self.cfg.optim.label_smoothing)
+            smoothing = self.cfg.optim.label_smoothing if self.cfg.run.objective == "classification" else 0.0
+            plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=smoothing)
         return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, self.model.num_params())
 
     def close(self) -> None:
@@ -592,6 +624,12 @@ class Trainer:
         if self.lock is not None:
             self.lock.release()
             self.lock = None
+
+
+def _headline(metrics: dict[str, float]) -> str:
+    if "eval_mpp_acc" in metrics:
+        return f"mpp colour acc {100 * metrics['eval_mpp_acc']:.1f}%"
+    return f"top-1 {100 * metrics.get('eval_top1', 0):.1f}%"
 
 
 def train(cfg: TrainConfig) -> TrainResult:

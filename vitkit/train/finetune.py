@@ -3,7 +3,8 @@
 ``init_from_checkpoint`` loads every weight a checkpoint holds (any format vitkit.load_pretrained reads, or a
 pretrained tag), with the position embeddings resampled to the configured resolution (sec 3.2); then it
 replaces the whole head by one zero-initialised Dense for the new classes, dropping the pre-logits layer
-(sec 3.1). Anything else that does not fit (another width, depth, patch size) is an error.
+(sec 3.1). A pretraining head that is no part of a classifier (masked patch prediction's ``mpp.*`` keys) is
+dropped and reported. Anything else that does not fit (another width, depth, patch size) is an error.
 
 ``finetune_config`` writes the whole recipe from a checkpoint and a data set: the architecture is the
 checkpoint's (never restated), the resolution and preprocessing are the weights' own, the optimizer is the
@@ -25,6 +26,7 @@ from ..checkpoint.loader import Checkpoint, load_pretrained, read_checkpoint
 from ..data import build_datasets
 from ..errors import UserError
 from .config import TrainConfig, config_from_dict, data_section
+from .mpp import MPP_PREFIX
 
 # The paper's fine-tuning lengths (appendix B.1.1, Table 4) at batch 512: 500 steps for the small sets (Pets,
 # Flowers), 10k for CIFAR, 20k for ImageNet; as samples seen, so that another batch size sees as many.
@@ -68,7 +70,8 @@ def init_from_checkpoint(model: nn.Module, source: str | Path | Checkpoint, num_
     """Load a checkpoint into model for fine-tuning; returns a one-paragraph report of what was adapted."""
     try:
         ckpt = source if isinstance(source, Checkpoint) else read_source(source)
-        report = load_pretrained(model, ckpt)  # strict: weights that do not fit are an error listing them
+        # strict: weights that do not fit are an error listing them; an MPP head is never a classifier's
+        report = load_pretrained(model, ckpt, drop=(MPP_PREFIX,))
     except UserError as e:
         raise type(e)(f"run.init_from: {e} (model.name and its fields describe the model to fine-tune)") from None
     if hasattr(model, "reset_classifier"):

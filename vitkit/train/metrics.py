@@ -1,7 +1,8 @@
 """Run metrics: metrics.jsonl (one JSON record per line) and PNG plots of the loss and accuracy curves.
 
 Records are ``{"kind": "train", "step", "epoch", "loss", "lr", "images_per_s", "time"}`` every log_every
-steps and ``{"kind": "eval", "step", "epoch", "eval_loss", "eval_top1", "eval_top5"}`` at each evaluation.
+steps and ``{"kind": "eval", "step", "epoch", "eval_loss", "eval_top1", "eval_top5"}`` at each evaluation
+(masked patch prediction: ``"eval_mpp_loss", "eval_mpp_acc"``, the loss and colour accuracy on held-out images).
 On resume the file is cut back to the resumed step, so it reads as one uninterrupted run.
 """
 
@@ -84,17 +85,20 @@ def loss_figure(records: list[dict[str, Any]], *, label_smoothing: float = 0.0) 
     _readable_axes(ax)
     label = f"train loss (label smoothing {label_smoothing:g})" if label_smoothing > 0 else "train loss"
     _plot(ax, [r["step"] for r in train], [r["loss"] for r in train], "o", "-", label)
-    _plot(ax, [r["step"] for r in evals], [r["eval_loss"] for r in evals], "s", "-", "eval loss")
+    mpp = any("eval_mpp_loss" in r for r in evals)
+    key = "eval_mpp_loss" if mpp else "eval_loss"
+    evals = [r for r in evals if key in r]
+    _plot(ax, [r["step"] for r in evals], [r[key] for r in evals], "s", "-", "eval MPP loss" if mpp else "eval loss")
     losses = [v for line in ax.get_lines() for v in line.get_ydata() if math.isfinite(v) and v > 0]
     if losses and max(losses) > 10 * min(losses):
         ax.set_yscale("log")
-    ax.set(xlabel="step", ylabel="cross-entropy", title="loss")
+    ax.set(xlabel="step", ylabel="masked patch prediction loss" if mpp else "cross-entropy", title="loss")
     _finish(ax)
     return fig
 
 
 def accuracy_figure(records: list[dict[str, Any]]) -> Figure:
-    """Held-out top-1 and top-5 accuracy against step, in percent."""
+    """Held-out top-1 and top-5 accuracy against step, in percent (MPP: the colour prediction accuracy)."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
@@ -103,9 +107,12 @@ def accuracy_figure(records: list[dict[str, Any]]) -> Figure:
     ax = fig.add_subplot()
     _readable_axes(ax)
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
+    mpp = [r for r in evals if "eval_mpp_acc" in r]
+    evals = [r for r in evals if "eval_top1" in r]
     steps = [r["step"] for r in evals]
     _plot(ax, steps, [r["eval_top1"] for r in evals], "o", "-", "eval top-1")
     _plot(ax, steps, [r["eval_top5"] for r in evals], "s", "--", "eval top-5")
+    _plot(ax, [r["step"] for r in mpp], [r["eval_mpp_acc"] for r in mpp], "o", "-", "eval MPP colour accuracy")
     ax.set(xlabel="step", ylabel="accuracy", title="held-out accuracy")
     _finish(ax)
     return fig

@@ -13,26 +13,50 @@ import math
 import torch
 from torch import nn
 
+from ..errors import UserError
 from .config import OptimConfig, ScheduleConfig
 
 
-def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: decayed weights, and everything else (biases, norms, embeddings)."""
+def layer_id(name: str, depth: int) -> int:
+    """The depth of a ViT parameter for layer-wise lr decay: 0 the embeddings (patches, class token, position),
+    i + 1 block i, depth + 1 whatever reads the last block (final norm, pooling head, pre-logits, head)."""
+    if name.startswith(("patch_embed.", "cls_token", "pos_embed")):
+        return 0
+    if name.startswith("blocks."):
+        return int(name.split(".")[1]) + 1
+    return depth + 1
+
+
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+    """Decayed weights and everything else (biases, norms, embeddings); with ``layer_decay`` < 1 also split by
+    depth, each group's lr scaled by layer_decay ** (depth + 1 - layer id): the head at the full lr, each block
+    below it a factor lower, the embeddings lowest (the fine-tuning recipe of BEiT and MAE)."""
     skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
-    decay, no_decay = [], []
+    depth = len(getattr(model, "blocks", ()))
+    if layer_decay != 1.0 and not depth:
+        raise UserError(f"optim.layer_decay={layer_decay}: layer-wise decay needs a ViT (a model with blocks)")
+    groups: dict[tuple[int, bool], dict] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (decay if p.ndim >= 2 and name not in skip else no_decay).append(p)
-    return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
-    ]
+        decayed = p.ndim >= 2 and name not in skip
+        layer = layer_id(name, depth) if layer_decay != 1.0 else 0
+        group = groups.setdefault(
+            (layer, decayed),
+            {
+                "params": [],
+                "weight_decay": weight_decay if decayed else 0.0,
+                "lr_scale": layer_decay ** (depth + 1 - layer) if layer_decay != 1.0 else 1.0,
+                "layer": layer,
+            },
+        )
+        group["params"].append(p)
+    return [groups[k] for k in sorted(groups, key=lambda k: (k[0], not k[1]))]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool = False) -> torch.optim.Optimizer:
     """AdamW, Adam or SGD (momentum) over ``param_groups``; ``fused`` single-kernel updates (CUDA, CPU)."""
-    groups = param_groups(model, cfg.weight_decay)
+    groups = param_groups(model, cfg.weight_decay, cfg.layer_decay)
     extra = {"fused": True} if fused else {}
     if cfg.name == "adamw":
         return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.eps, **extra)
@@ -58,5 +82,6 @@ def lr_at(step: int, total_steps: int, base_lr: float, sched: ScheduleConfig) ->
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """The scheduled lr, times each group's layer-decay scale."""
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = lr * group.get("lr_scale", 1.0)

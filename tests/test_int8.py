@@ -1,0 +1,194 @@
+"""int8 inference: dynamic quantisation of the Linear layers (torch) and of the ONNX export (onnxruntime)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vitkit import VisionTransformer, optimize_for_inference
+from vitkit import fast as fast_mod
+from vitkit.checkpoint.native import save_pretrained
+from vitkit.cli import main
+
+TINY = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10, patch_size=8, img_size=32)
+
+
+def tiny_vit() -> VisionTransformer:
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY).eval()
+    torch.nn.init.normal_(model.head.weight, std=0.5)  # the zero head would make every output comparison trivial
+    return model
+
+
+def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.argmax(-1) == b.argmax(-1)).float().mean())
+
+
+def test_int8_agrees_with_fp32_and_leaves_the_model_untouched():
+    model = tiny_vit().train()
+    config = model.config
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model.eval()(x)
+    model.train()
+    fast = optimize_for_inference(model, precision="int8", compile="none")
+
+    # the model: same config object and values, same weights, still training, still trainable, still nn.Linear
+    assert model.config is config and model.config == config and model.training
+    assert all(p.requires_grad for p in model.parameters())
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert type(model.blocks[0].attn.qkv) is torch.nn.Linear
+    # the copy: every Linear quantised, int8 weights per output channel
+    qkv = fast.model.blocks[0].attn.qkv
+    assert not any(type(m) is torch.nn.Linear for m in fast.model.modules())
+    assert qkv.weight().dtype == torch.qint8 and qkv.weight().qscheme() == torch.per_channel_affine
+    assert fast.precision == "int8" and fast.dtype == torch.float32 and not fast.model.training
+
+    got = fast(x)
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    assert float((got - want).abs().max()) <= 0.1 * float(want.abs().max())  # per-call activation ranges: ~6% here
+    assert agreement(got, want) >= 0.95
+
+
+def test_int8_with_a_compile_request_runs_eagerly_with_a_warning():
+    with pytest.warns(UserWarning, match="int8: torch.compile does not trace"):
+        fast = optimize_for_inference(tiny_vit(), precision="int8", compile=True)
+    assert fast.compile_mode == "none"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "auto" chooses eager for int8 without a word
+        assert optimize_for_inference(tiny_vit(), precision="int8").compile_mode == "none"
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_is_bf16_where_native_and_never_int8(monkeypatch, native):
+    monkeypatch.setattr(fast_mod, "bf16_is_fast", lambda device: native)
+    fast = optimize_for_inference(tiny_vit(), compile="none")
+    assert fast.precision == ("bf16" if native else "fp32")
+    assert fast.dtype == (torch.bfloat16 if native else torch.float32)
+
+
+def test_precision_and_dtype_spellings(monkeypatch):
+    monkeypatch.setattr(fast_mod, "bf16_is_fast", lambda device: True)
+    assert optimize_for_inference(tiny_vit(), torch.float32, compile="none").precision == "fp32"
+    assert optimize_for_inference(tiny_vit(), dtype="bf16", compile="none").precision == "bf16"
+    with pytest.raises(ValueError, match="precision 'int4'"):
+        optimize_for_inference(tiny_vit(), precision="int4")
+    with pytest.raises(ValueError, match="not both"):
+        optimize_for_inference(tiny_vit(), precision="int8", dtype="fp32")
+    with pytest.raises(ValueError, match="fp32 model"):
+        optimize_for_inference(tiny_vit().to(torch.bfloat16), precision="int8")
+
+
+def test_export_int8_writes_a_loadable_onnx_that_agrees_with_fp32(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    pytest.importorskip("onnxscript")
+    from vitkit.export import onnx_session
+
+    model = tiny_vit()
+    save_pretrained(model, tmp_path / "ckpt")
+    out = tmp_path / "onnx" / "vit-int8.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert main(["export", str(tmp_path / "ckpt"), "--onnx", str(out), "--int8"]) == 0
+    assert "(int8," in capsys.readouterr().out
+    assert sorted(p.name for p in out.parent.iterdir()) == ["vit-int8.onnx"]  # no fp32 graph or temp file left
+
+    session = onnx_session(out)
+    assert isinstance(session.get_inputs()[0].shape[0], str)  # a symbolic batch axis
+    ops = {node.op_type for node in __import__("onnx").load(str(out)).graph.node}
+    assert "DynamicQuantizeLinear" in ops and ("MatMulInteger" in ops or "DynamicQuantizeMatMul" in ops)
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    got = torch.from_numpy(session.run(None, {"pixel_values": x.numpy()})[0])
+    with torch.no_grad():
+        want = model(x)
+    assert float((got - want).abs().max()) <= 0.1 * float(want.abs().max())  # per-call activation ranges: ~6% here
+    assert agreement(got, want) >= 0.95
+
+    assert main(["export", str(tmp_path / "ckpt"), "--onnx", str(out), "--int8"]) != 0  # exists: not replaced
+    assert "exists" in capsys.readouterr().err
+
+
+def test_cli_predict_int8_runs_and_agrees_with_fp32(tmp_path, capsys):
+    meta = {"class_names": [f"c{i}" for i in range(10)], "img_size": 32, "mean": [0.5] * 3, "std": [0.5] * 3}
+    ckpt = save_pretrained(tiny_vit(), tmp_path / "ckpt", metadata=meta)
+    rng = np.random.default_rng(0)
+    files = []
+    for i in range(4):
+        files.append(str(tmp_path / f"img{i}.png"))
+        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(files[-1])
+    results = {}
+    for flags in ([], ["--int8"]):
+        assert main(["predict", str(ckpt), *files, "--json", "--top-k", "3", *flags]) == 0
+        results[bool(flags)] = json.loads(capsys.readouterr().out)
+    for fp32, int8 in zip(results[False], results[True]):
+        assert fp32["file"] == int8["file"]
+        p32, p8 = fp32["predictions"][0], int8["predictions"][0]
+        assert abs(p32["probability"] - p8["probability"]) < 0.05
+
+
+# ------------------------------------------------------------------------------ benchmark statistics (synthetic)
+def test_paired_ratio_stats_median_interval_and_quartiles():
+    from vitkit.bench import paired_ratio_stats
+
+    ours = [1.0] * 9
+    peer = [1.10, 1.12, 1.08, 1.11, 1.09, 1.10, 1.13, 1.07, 1.10]
+    st = paired_ratio_stats(peer, ours)
+    assert st.n == 9 and st.median == pytest.approx(1.10)
+    assert st.low <= st.median <= st.high and st.low >= 1.07 and st.high <= 1.13
+    assert st.q1 == pytest.approx(1.09) and st.q3 == pytest.approx(1.11)
+    assert not st.inconclusive and "1.100x (95% CI" in str(st)
+    assert paired_ratio_stats(peer, ours) == st  # seeded: the same timings give the same interval
+
+
+def test_paired_ratios_cancel_a_load_change_that_hits_both_sides():
+    from vitkit.bench import paired_ratio_stats
+
+    load = [1.0, 1.3, 0.9, 1.5, 1.0, 1.2, 1.4]  # each round's slowdown, shared by both calls of the round
+    st = paired_ratio_stats([1.2 * f for f in load], [1.0 * f for f in load])
+    assert st.median == pytest.approx(1.2) and st.half_width == pytest.approx(0.0, abs=1e-12)
+
+
+def test_a_spread_wider_than_the_effect_is_inconclusive_and_not_settled():
+    from vitkit.bench import paired_ratio_stats, settled
+
+    rng = np.random.default_rng(0)
+    peer = list(1.02 * (1 + 0.3 * rng.standard_normal(12)).clip(0.5))  # +-30% noise over a 2% effect
+    st = paired_ratio_stats(peer, [1.0] * 12)
+    assert st.inconclusive and st.half_width > abs(st.median - 1)
+    assert not settled([st], target=0.02)
+    tight = paired_ratio_stats([1.5 + 0.001 * i for i in range(6)], [1.0] * 6)
+    assert settled([tight], target=0.02) and not settled([tight], target=0.02, min_rounds=7)
+
+
+def test_time_alternating_stops_when_settled_or_at_the_cap(monkeypatch):
+    from vitkit.bench import harness
+
+    clock = iter(range(10**6))
+    monkeypatch.setattr(harness, "_time", lambda step, device: float(next(clock) % 3 + 1))
+    steps = {"a": lambda: None, "b": lambda: None}
+    seen = []
+
+    def until(times):
+        seen.append(len(times["a"]))
+        return len(times["a"]) >= 4
+
+    times = harness.time_alternating(steps, 2, 1, torch.device("cpu"), settle_s=0, until=until, max_repeats=10)
+    assert len(times["a"]) == len(times["b"]) == 4 and seen == [2, 3, 4]
+    never = lambda t: False  # noqa: E731
+    capped = harness.time_alternating(steps, 2, 0, torch.device("cpu"), settle_s=0, until=never, max_repeats=5)
+    assert len(capped["a"]) == 5
+
+
+def test_load_warnings():
+    from vitkit.bench import load_warnings
+
+    assert load_warnings(0.3, 2.1, threads=2, cores=2) == []  # quiet before, our own two threads after
+    before, after = load_warnings(1.5, 3.6, threads=2, cores=2)
+    assert "before the run" in before and "after the run" in after
+    assert load_warnings(None, None, threads=2, cores=2) == []  # no load average on this system

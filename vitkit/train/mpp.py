@@ -1,0 +1,314 @@
+"""Masked patch prediction (paper sec 4.6, appendix B.1.2): self-supervised pretraining of a ViT without labels.
+
+    images (B, C, H, W) -> patch embeddings (B, N, D) -> corrupt mask_ratio of them -> class token + position
+    embedding -> encoder -> final LayerNorm -> the corrupted patches' output tokens (M, D) -> Linear -> targets
+
+Corruption acts on the patch embeddings before the position embedding is added, so a corrupted patch keeps its
+position and the class token is never corrupted. Each image has round(mask_ratio x N) patches corrupted (a fixed
+count, so every image weighs the same in the loss); each of those independently becomes the learned [mask]
+embedding (mask_share), the embedding of another patch of the same image (random_share), or stays as it is (the
+rest), as BERT corrupts tokens. The random replacement is drawn uniformly from the image's other N - 1 patches
+(never the patch itself, or "random" would sometimes be "unchanged"), taken before any corruption (never a
+[mask]); from the same image so that a replacement is a plausible patch for that image and an image's corruption
+does not depend on which images share its batch or rank.
+
+Targets, from the images themselves (labels are ignored):
+    color       the patch's mean colour, each channel quantised to ``bits`` bits: one of 2^(bits x C) classes
+                (512 for RGB at 3 bits, 8 for grey), computed from the unnormalised pixels in [0, 1]
+    color_grid  the same for each cell of a grid x grid split of the patch (16 colours per patch)
+    pixels      L2 regression of the patch's pixels as the model sees them (normalised by the data's mean / std)
+The loss is taken on the corrupted patches only: cross-entropy (mean over patches and grid cells) or the mean
+squared error. Evaluation also reports the accuracy of the colour prediction (for ``pixels``, the colour class of
+the regressed patch's mean against the true one).
+
+The saved run is the plain ViT plus ``mpp.*`` keys (the [mask] embedding and the head), with metadata that tells
+every loader to drop them (``drop_on_load``): fine-tuning, few-shot evaluation and conversion see a plain ViT.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import asdict
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+from ..data import DatasetInfo, TensorImageDataset
+from ..errors import UserError
+from ..models.common import count_params
+from .config import MPPConfig
+from .sampling import mix_seed
+
+MPP_PREFIX = "mpp."  # the checkpoint keys of the pretraining head; loaders drop them
+KEPT, MASKED, REPLACED, UNCHANGED = 0, 1, 2, 3  # what corruption did to a patch; KEPT: not corrupted
+BIN_EPS = 1e-5  # in bin units: a colour on a bin edge (k / 2^bits) lands in bin k despite float rounding
+# the ViT parameters on the path from pixels to the output tokens; the rest (pooling, head) never sees a corrupted
+# token, so it is frozen during MPP: no gradient to wait for under DDP, no weight decay pulling at it
+TOKEN_PATH = ("patch_embed.", "cls_token", "pos_embed", "blocks.", "norm.")
+
+
+# ---------------------------------------------------------------------------------------------- corruption
+def draw_corruption(
+    batch: int,
+    num_patches: int,
+    cfg: MPPConfig,
+    device: torch.device | str = "cpu",
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kind (B, N) long: KEPT / MASKED / REPLACED / UNCHANGED, source (B, N) long: the patch whose embedding a
+    REPLACED patch takes, never itself). Draws from ``generator`` (default: torch's global RNG)."""
+    B, N = batch, num_patches
+    count = min(N, max(1, int(cfg.mask_ratio * N + 0.5)))  # round half up, at least one patch per image
+    order = torch.rand(B, N, device=device, generator=generator).argsort(dim=1)
+    chosen = torch.zeros(B, N, dtype=torch.bool, device=device).scatter_(1, order[:, :count], True)
+    u = torch.rand(B, N, device=device, generator=generator)
+    kind = torch.full((B, N), UNCHANGED, dtype=torch.long, device=device)
+    kind[u < cfg.mask_share + cfg.random_share] = REPLACED
+    kind[u < cfg.mask_share] = MASKED
+    kind[~chosen] = KEPT
+    if N > 1:  # an offset in 1..N-1: uniform over the other patches
+        offset = torch.randint(1, N, (B, N), device=device, generator=generator)
+    else:
+        offset = torch.zeros(B, N, dtype=torch.long, device=device)
+    source = (torch.arange(N, device=device) + offset) % N
+    return kind, source
+
+
+def corrupt(tokens: torch.Tensor, kind: torch.Tensor, source: torch.Tensor, mask_token: torch.Tensor) -> torch.Tensor:
+    """Patch embeddings (B, N, D) with MASKED ones replaced by mask_token (D,) and REPLACED ones by the (clean)
+    embedding of their source patch."""
+    other = tokens.gather(1, source[..., None].expand(-1, -1, tokens.shape[-1]))  # (B, N, D)
+    out = torch.where((kind == REPLACED)[..., None], other, tokens)
+    return torch.where((kind == MASKED)[..., None], mask_token.to(out.dtype).expand_as(out), out)
+
+
+# ------------------------------------------------------------------------------------------------- targets
+def patches_of(images: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor:
+    """(B, C, H, W) -> (B, N, C, ph, pw) in the token order of the patch embedding (row-major); a border that
+    does not fill a patch is dropped, as the patch embedding drops it."""
+    B, C, H, W = images.shape
+    ph, pw = patch
+    gh, gw = H // ph, W // pw
+    x = images[:, :, : gh * ph, : gw * pw].reshape(B, C, gh, ph, gw, pw)
+    return x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C, ph, pw)
+
+
+def colour_classes(pixels: torch.Tensor, bits: int) -> torch.Tensor:
+    """Pixels in [0, 1] (..., C, h, w) -> the class of their mean colour (...,): each channel's mean quantised to
+    ``bits`` bits, channel 0 the most significant digit (2^(bits x C) classes)."""
+    levels = 2**bits
+    mean = pixels.float().mean(dim=(-2, -1))  # (..., C)
+    bins = torch.floor(mean * levels + BIN_EPS).clamp(0, levels - 1).long()
+    weights = levels ** torch.arange(mean.shape[-1] - 1, -1, -1, device=pixels.device)  # (C,)
+    return (bins * weights).sum(dim=-1)
+
+
+def grid_cells(patches: torch.Tensor, grid: int) -> torch.Tensor:
+    """(..., C, ph, pw) -> (..., grid * grid, C, ph / grid, pw / grid): the cells of each patch, row-major."""
+    *lead, C, ph, pw = patches.shape
+    x = patches.reshape(*lead, C, grid, ph // grid, grid, pw // grid)
+    n = len(lead)
+    x = x.permute(*range(n), n + 1, n + 3, n, n + 2, n + 4)  # (..., grid, grid, C, ph/grid, pw/grid)
+    return x.reshape(*lead, grid * grid, C, ph // grid, pw // grid)
+
+
+def num_classes(cfg: MPPConfig, in_chans: int) -> int:
+    """Colour classes per prediction: 2^(bits x channels)."""
+    return 2 ** (cfg.bits * in_chans)
+
+
+def output_dim(cfg: MPPConfig, in_chans: int, patch: tuple[int, int]) -> int:
+    """Head outputs per corrupted patch: K classes, grid^2 x K, or the patch's C x ph x pw pixels."""
+    if cfg.target == "color":
+        return num_classes(cfg, in_chans)
+    if cfg.target == "color_grid":
+        return cfg.grid**2 * num_classes(cfg, in_chans)
+    return in_chans * patch[0] * patch[1]
+
+
+class Targets:
+    """What each patch of a batch of normalised images should be predicted as, for one MPPConfig."""
+
+    def __init__(self, cfg: MPPConfig, mean: list[float], std: list[float], patch: tuple[int, int]) -> None:
+        self.cfg, self.patch = cfg, patch
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)  # (C, 1, 1), [0, 1] pixel units
+        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
+
+    def unnormalise(self, patches: torch.Tensor) -> torch.Tensor:
+        """Normalised (..., C, h, w) -> pixels in [0, 1] (the data's normalisation undone)."""
+        mean, std = self.mean.to(patches.device), self.std.to(patches.device)
+        return (patches.float() * std + mean).clamp(0, 1)
+
+    def colours(self, patches: torch.Tensor) -> torch.Tensor:
+        """Normalised patches (..., C, ph, pw) -> colour classes: (...,) for color and pixels, (..., grid^2) for
+        color_grid."""
+        pixels = self.unnormalise(patches)
+        if self.cfg.target == "color_grid":
+            pixels = grid_cells(pixels, self.cfg.grid)
+        return colour_classes(pixels, self.cfg.bits)
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        """Normalised images (B, C, H, W) -> targets (B, N) long (color), (B, N, grid^2) long (color_grid) or
+        (B, N, C x ph x pw) float (pixels)."""
+        patches = patches_of(images, self.patch)
+        if self.cfg.target == "pixels":
+            return patches.float().flatten(2)
+        return self.colours(patches)
+
+
+# --------------------------------------------------------------------------------------------------- model
+class MPPHead(nn.Module):
+    """The pretraining-only parameters: the learned [mask] embedding and the Linear on the output tokens."""
+
+    def __init__(self, width: int, out_dim: int) -> None:
+        super().__init__()
+        self.mask_token = nn.Parameter(torch.zeros(width))  # (D,)
+        self.head = nn.Linear(width, out_dim)
+        nn.init.normal_(self.mask_token, std=0.02)  # as BERT and the ViT's own learned embeddings start
+        nn.init.zeros_(self.head.weight)  # like the ViT's head: uniform predictions at the start
+        nn.init.zeros_(self.head.bias)
+
+
+class MPPModel(nn.Module):
+    """A VisionTransformer (``vit``, unchanged) with corruption of its patch embeddings and an MPP head (``mpp``).
+
+    ``forward(images)`` -> (predictions (M, out) for the M corrupted patches in row-major (image, patch) order,
+    kind (B, N)); only the ViT's public pieces are used (patch_embed, embed_tokens, encode), so the ViT's weights
+    are exactly those of a plain VisionTransformer.
+    """
+
+    def __init__(self, vit: nn.Module, cfg: MPPConfig) -> None:
+        super().__init__()
+        vcfg = vit.config
+        if getattr(vcfg, "arch", None) != "vit":
+            arch = getattr(vcfg, "arch", type(vit).__name__)
+            raise UserError(f"run.objective=mpp: needs a ViT, got a {arch!r} model")
+        self.patch = vcfg.stride  # input pixels per token, hybrids included
+        h, w = vcfg.img_size
+        if tuple(vit.grid) != (h // self.patch[0], w // self.patch[1]):
+            raise UserError(
+                f"run.objective=mpp: the {vit.grid} token grid does not tile the {vcfg.img_size} image in "
+                f"{self.patch} pixel patches, so a token has no patch of pixels to predict"
+            )
+        if cfg.target == "color_grid" and (self.patch[0] % cfg.grid or self.patch[1] % cfg.grid):
+            raise UserError(f"mpp.grid={cfg.grid}: does not divide the {self.patch} pixel patches (target color_grid)")
+        if cfg.random_share > 0 and vit.grid[0] * vit.grid[1] < 2:
+            raise UserError("mpp.random_share > 0 needs at least two patches per image to replace one by another")
+        self.vit, self.cfg = vit, cfg
+        self.mpp = MPPHead(vcfg.width, output_dim(cfg, vcfg.in_chans, self.patch))
+        for name, p in vit.named_parameters():
+            if not name.startswith(TOKEN_PATH):
+                p.requires_grad_(False)
+
+    def forward(
+        self, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        vit = self.vit
+        tokens, grid = vit.patch_embed(images)  # (B, N, D), before the position embedding
+        kind, source = draw_corruption(tokens.shape[0], tokens.shape[1], self.cfg, tokens.device, generator)
+        tokens = corrupt(tokens, kind, source, self.mpp.mask_token)
+        encoded = vit.encode(vit.embed_tokens(tokens, grid), grid=grid)  # (B, prefix + N, D), final-normed
+        patches = encoded[:, vit.num_prefix_tokens :]  # (B, N, D): the class token is never a target
+        return self.mpp.head(patches[kind != KEPT]), kind
+
+    def no_weight_decay(self) -> set[str]:
+        return {f"vit.{n}" for n in self.vit.no_weight_decay()} | {"mpp.mask_token"}
+
+    def num_params(self, trainable_only: bool = False) -> int:
+        return count_params(self, trainable_only)
+
+
+# ----------------------------------------------------------------------------------------------- objective
+class MaskedPatchPrediction:
+    """The training objective of run.objective=mpp: ``wrap`` the ViT, ``loss`` on a batch, ``evaluate`` a data set,
+    ``export`` what the run saves."""
+
+    def __init__(self, cfg: MPPConfig, info: DatasetInfo, seed: int = 0) -> None:
+        self.cfg, self.info, self.seed = cfg, info, seed
+        self.targets: Targets | None = None
+
+    def wrap(self, vit: nn.Module) -> MPPModel:
+        model = MPPModel(vit, self.cfg)
+        self.targets = Targets(self.cfg, self.info.mean, self.info.std, model.patch)
+        return model
+
+    def outputs(
+        self, model: nn.Module, images: torch.Tensor, generator: torch.Generator | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(predictions (M, out), their targets, kind (B, N)) for a batch; model may be wrapped (DDP, compile)."""
+        assert self.targets is not None, "wrap() the model first"
+        pred, kind = model(images, generator) if generator is not None else model(images)
+        return pred, self.targets(images)[kind != KEPT], kind
+
+    def criterion(self, pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over corrupted patches (and grid cells), or their mean squared error (pixels)."""
+        pred = pred.float()
+        if self.cfg.target == "pixels":
+            return F.mse_loss(pred, target)
+        if self.cfg.target == "color_grid":
+            pred = pred.reshape(-1, num_classes(self.cfg, self.info.in_chans))  # (M x grid^2, K)
+            target = target.reshape(-1)
+        return F.cross_entropy(pred, target)
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
+        """The MPP loss of a batch (labels y are ignored); corruption draws from torch's global RNG, which the
+        engine seeds per (seed, step, micro-batch, rank)."""
+        pred, target, _ = self.outputs(model, x)
+        return self.criterion(pred, target)
+
+    def correct(self, pred: torch.Tensor, target: torch.Tensor) -> tuple[int, int]:
+        """(right, total) colour predictions: classes, grid cells, or the regressed patches' mean colours."""
+        assert self.targets is not None
+        if self.cfg.target == "pixels":
+            shape = (-1, self.info.in_chans, *self.targets.patch)
+            hit = self.targets.colours(pred.float().reshape(shape)) == self.targets.colours(target.reshape(shape))
+        elif self.cfg.target == "color_grid":
+            hit = pred.reshape(*target.shape, -1).argmax(dim=-1) == target
+        else:
+            hit = pred.argmax(dim=-1) == target
+        return int(hit.sum()), hit.numel()
+
+    @torch.no_grad()
+    def evaluate(
+        self,
+        model: nn.Module,
+        dataset: Dataset,
+        device: torch.device | str = "cpu",
+        batch_size: int = 512,
+        amp: str = "none",
+        num_workers: int = 0,
+    ) -> dict[str, float]:
+        """Mean MPP loss (per corrupted patch) and colour accuracy on dataset, under one fixed corruption per run
+        (a generator seeded by the run's seed), so that evaluations at different steps score the same task."""
+        device = torch.device(device)
+        was_training = model.training
+        model.eval()
+        generator = torch.Generator(device=device).manual_seed(mix_seed(self.seed, 0x3E7A1))
+        if isinstance(dataset, TensorImageDataset):
+            batches: Any = (dataset.images[i : i + batch_size] for i in range(0, len(dataset), batch_size))
+        else:
+            loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
+            batches = (x for x, _ in loader)
+        loss_sum, right, total, patches, images = 0.0, 0, 0, 0, 0
+        for x in batches:
+            x = x.to(device)
+            dtype = torch.bfloat16 if amp == "bf16" else torch.float16
+            with contextlib.nullcontext() if amp == "none" else torch.autocast(device.type, dtype=dtype):
+                pred, target, _ = self.outputs(model, x, generator)
+            loss_sum += float(self.criterion(pred, target)) * len(pred)
+            r, t = self.correct(pred, target)
+            right, total, patches, images = right + r, total + t, patches + len(pred), images + len(x)
+        model.train(was_training)
+        if images == 0:
+            raise UserError("the evaluation set is empty")
+        return {"eval_mpp_loss": loss_sum / patches, "eval_mpp_acc": right / total, "eval_images": images}
+
+    def export(self, model: MPPModel) -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, Any]]:
+        """(the ViT to save as the run's model, the MPP head's tensors under ``mpp.``, metadata saying what they are
+        and that loaders drop them)."""
+        extra = {f"{MPP_PREFIX}{k}": v for k, v in model.mpp.state_dict().items()}
+        meta = {"objective": "mpp", "mpp": asdict(self.cfg), "drop_on_load": [MPP_PREFIX]}
+        return model.vit, extra, meta
