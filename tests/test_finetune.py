@@ -155,4 +155,4 @@ def test_vitkit_config_lists_every_key_with_type_value_and_meaning(capsys):
     assert {"model.name", "model.resnet_layers", "model.ln_eps", "model.gelu"} <= keys
     assert all(len(line.split(maxsplit=3)) == 4 for line in listing.splitlines()), "a key without a meaning"
     assert main(["config", "digits"]) == 0
-    assert "optim.lr                   float                   0.0015" in capsys.readouterr().out
+    assert re.search(r"^optim\.lr\s+float\s+0\.0015\s+peak learning rate", capsys.readouterr().out, re.M)

@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import UserError
 from .transforms import AUGMENTS, channel_stats, check_augment
 
+RANDAUGMENT_MAX_OPS = 15  # the operations of RandAugment's default policy, drawn without replacement
 SOURCES = ("digits", "folder", "cifar10", "cifar100", "synthetic")
 
 _PHOTO_DEFAULTS = {"img_size": 224, "in_chans": 3, "train_augment": "inception_crop", "flip": True, "shift_pixels": 0}
@@ -50,6 +51,8 @@ class DataConfig:
     flip: bool | None = None  # random horizontal flip for training
     shift_pixels: int | None = None  # "shift": maximum shift in pixels of the resized image
     crop_area_min: float = 0.05  # "inception_crop": smallest crop, as a fraction of the image area
+    randaugment_ops: int = 0  # RandAugment (kornia) on the training device after decoding: ops per image; 0: off
+    randaugment_magnitude: int = 10  # RandAugment strength on kornia's scale, 1 to 29 (30: each op's strongest)
     eval_crop_fraction: float = 1.0  # evaluation: 1 = resize the whole image; < 1 = resize larger, centre-crop
     skip_corrupt: bool = False  # skip (and count) unreadable images instead of stopping with an error
     verify: bool = False  # decode every folder image when the dataset is built, to find corrupt files up front
@@ -81,6 +84,15 @@ class DataConfig:
             raise UserError(f"data.train_fraction: expected a value in (0, 1], got {self.train_fraction}")
         if not 0.0 < self.eval_crop_fraction <= 1.0:
             raise UserError(f"data.eval_crop_fraction: expected a value in (0, 1], got {self.eval_crop_fraction}")
+        if not 0 <= self.randaugment_ops <= RANDAUGMENT_MAX_OPS:
+            raise UserError(
+                f"data.randaugment_ops: expected 0 (off) to {RANDAUGMENT_MAX_OPS} (RandAugment's operations), got "
+                f"{self.randaugment_ops}"
+            )
+        if not 0 < self.randaugment_magnitude < 30:
+            raise UserError(
+                f"data.randaugment_magnitude: expected 1 to 29 (kornia's scale), got {self.randaugment_magnitude}"
+            )
         if self.num_workers < 0:
             raise UserError(f"data.num_workers: expected >= 0, got {self.num_workers}")
         chans = self.in_chans or 3

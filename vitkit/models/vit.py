@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError, UserError
 from .common import as_pair, check_num_classes, check_positive, count_params, lecun_normal_, replace_config, zero_head
@@ -68,6 +69,10 @@ class ViTConfig:
     representation_size: int | None = None  # pre-logits Dense + tanh (pretraining head); None or 0: none
     dropout: float = 0.0  # dropout after the position embedding, attention output and MLP layers
     attn_dropout: float = 0.0  # dropout on the attention probabilities
+    drop_path: float = 0.0  # stochastic depth rate of the last block, linear from 0 at the first; training only
+    # (block i drops each sample's attention and MLP branches with rate drop_path * i / (depth - 1))
+    grad_checkpointing: bool = False  # checkpoint each block: trades compute for memory in training; no effect in eval
+    # (each block's activations are recomputed in the backward pass, with the same dropout and drop-path masks)
     ln_eps: float = 1e-6  # LayerNorm epsilon (official 1e-6; Hugging Face 1e-12)
     gelu: str = "tanh"  # "tanh" (official, Flax) or "exact" (erf: torch, timm, HF)
     pos_embed: str = "learned"  # "learned" (1-D), "learned_2d", "sincos_2d", "relative", "relative_2d", "none"
@@ -108,7 +113,7 @@ class ViTConfig:
         ):
             if value not in allowed:
                 raise ConfigError(f"ViTConfig.{name}={value!r}: expected one of {allowed}")
-        for name in ("dropout", "attn_dropout"):
+        for name in ("dropout", "attn_dropout", "drop_path"):
             rate = getattr(self, name)
             if not 0.0 <= rate < 1.0:
                 raise ConfigError(f"ViTConfig.{name}={rate!r}: expected a rate in [0, 1)")
@@ -284,11 +289,46 @@ class Mlp(nn.Module):
         return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
 
 
-class Block(nn.Module):
-    """Pre-norm encoder block: x + Drop(MSA(LN(x))), then x + MLP(LN(x))."""
+def drop_path_rates(rate: float, depth: int) -> list[float]:
+    """Stochastic depth per block: 0 for the first, ``rate`` for the last, linear between (timm, DeiT, AugReg)."""
+    if depth == 1:
+        return [rate]
+    return [rate * i / (depth - 1) for i in range(depth)]
 
-    def __init__(self, cfg: ViTConfig) -> None:
+
+def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Zero whole samples of a residual branch x (B, ...) with probability p, scaling the kept ones by 1/(1-p) so
+    the expectation is unchanged; identity in eval or at p = 0 (so eval outputs never depend on p)."""
+    if not training or p == 0.0:
+        return x
+    keep = 1.0 - p
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask.div_(keep)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al., 2016) on a residual branch: see drop_path."""
+
+    def __init__(self, p: float = 0.0) -> None:
         super().__init__()
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return drop_path(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p:g}"
+
+
+class Block(nn.Module):
+    """Pre-norm encoder block: x + DropPath(MSA(LN(x))), then x + DropPath(MLP(LN(x))); the two branches are
+    dropped independently, as timm's blocks do."""
+
+    def __init__(self, cfg: ViTConfig, drop_path: float = 0.0) -> None:
+        super().__init__()
+        # parameter-free: state dicts are the same with or without stochastic depth
+        self.drop_path1 = DropPath(drop_path)
+        self.drop_path2 = DropPath(drop_path)
         self.norm1 = nn.LayerNorm(cfg.width, eps=cfg.ln_eps)
         rel_table = relative_table_shape(cfg.grid(), cfg.relative_dims) if cfg.relative_dims else None
         self.attn = Attention(cfg.width, cfg.num_heads, cfg.attn_dropout, cfg.dropout, rel_table)
@@ -302,17 +342,17 @@ class Block(nn.Module):
         attention is per token, and attention still reads keys and values of all tokens). rel: the token layout,
         for relative position attention."""
         if out_tokens is None:
-            x = x + self.attn(self.norm1(x), rel=rel)
+            x = x + self.drop_path1(self.attn(self.norm1(x), rel=rel))
         else:
-            x = x[:, :out_tokens] + self.attn(self.norm1(x), out_tokens, rel)
-        return x + self.mlp(self.norm2(x))
+            x = x[:, :out_tokens] + self.drop_path1(self.attn(self.norm1(x), out_tokens, rel))
+        return x + self.drop_path2(self.mlp(self.norm2(x)))
 
     def forward_explicit(
         self, x: torch.Tensor, rel: RelativePositions | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         y, probs = self.attn.forward_explicit(self.norm1(x), rel)
-        x = x + y
-        return x + self.mlp(self.norm2(x)), probs
+        x = x + self.drop_path1(y)
+        return x + self.drop_path2(self.mlp(self.norm2(x))), probs
 
 
 class MAPHead(nn.Module):
@@ -417,7 +457,7 @@ class VisionTransformer(nn.Module):
         elif cfg.pos_embed == "sincos_2d":
             self.register_buffer("pos_embed_fixed", sincos_2d(self.grid, D)[None], persistent=False)
         self.pos_drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.depth)])
+        self.blocks = nn.ModuleList([Block(cfg, p) for p in drop_path_rates(cfg.drop_path, cfg.depth)])
         self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)
         self.attn_pool = MAPHead(cfg) if cfg.classifier == "map" else None  # reads the normalised tokens
         self.num_features = cfg.representation_size or D
@@ -569,13 +609,23 @@ class VisionTransformer(nn.Module):
                 "patches; pass the tokens' grid=(gh, gw)"
             )
         last = len(self.blocks) - 1
+        # only when a backward pass will follow: recomputation needs the graph, and eval keeps nothing to save
+        ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
         for i, blk in enumerate(self.blocks):
             if i and layer_pos is not None:  # block 0's table was added at the input, before the dropout
                 x = x + layer_pos[i if len(layer_pos) > 1 else 0]
             if explicit:
-                x, probs = blk.forward_explicit(x, rel)
+                if ckpt:
+                    # the RNG state is saved and restored, so dropout and drop-path draw the same masks again
+                    x, probs = checkpoint(blk.forward_explicit, x, rel, use_reentrant=False, preserve_rng_state=True)
+                else:
+                    x, probs = blk.forward_explicit(x, rel)
                 if attention is not None:
                     attention.append(probs)
+            elif ckpt:
+                x = checkpoint(
+                    blk, x, out_tokens if i == last else None, rel, use_reentrant=False, preserve_rng_state=True
+                )
             else:
                 x = blk(x, out_tokens if i == last else None, rel)
             if blocks is not None:

@@ -46,6 +46,7 @@ from ..models import create_model
 from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
+from .augment import build_augment
 from .config import ScheduleConfig, TrainConfig, load_config
 from .finetune import default_steps, init_from_checkpoint, read_source
 from .metrics import MetricsLog, plot_metrics, topk_correct
@@ -88,6 +89,7 @@ RESUMABLE = frozenset(
         "run.threads",
         "run.device",
         "run.compile",
+        "run.tensorboard",
         "data.num_workers",
     }
 )
@@ -186,6 +188,9 @@ class Classification:
         return model
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """y: (B,) labels, smoothed here; or (B, K) soft targets (mixup / cutmix), which carry the smoothing."""
+        if y.is_floating_point():
+            return F.cross_entropy(model(x).float(), y)
         return F.cross_entropy(model(x).float(), y, label_smoothing=self.label_smoothing)
 
     def evaluate(self, model: nn.Module, dataset: Dataset, *args: Any) -> dict[str, float]:
@@ -287,6 +292,7 @@ class Trainer:
         source = read_source(cfg.run.init_from) if cfg.run.init_from else None  # read once: architecture, weights
         torch.manual_seed(mix_seed(cfg.run.seed, 0x1417))  # model init
         self.objective = build_objective(cfg, self.info)
+        self.augment = build_augment(cfg, self.info.num_classes, self.info.mean, self.info.std)
         self.model = build_model(cfg, self.info, source)
         self.init_report = None
         if source is not None:
@@ -317,6 +323,8 @@ class Trainer:
             if self.dist.is_main:
                 self.metrics.truncate(self.step)
                 self._write_config()  # only now that the state has loaded: a failed resume leaves the run as it was
+        if cfg.run.tensorboard and self.dist.is_main:
+            self.metrics.open_tensorboard(purge_step=self.step)
 
     def _polyak(self, decay: float) -> AveragedModel | None:
         """The Polyak-averaged copy of the model (optim.polyak), starting from the initial weights.
@@ -425,6 +433,9 @@ class Trainer:
         for micro in range(accum):
             x, y = next(batches)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if self.augment.enabled:  # RandAugment, mixup / cutmix: on the device, from the seeded global RNG
+                torch.manual_seed(mix_seed(cfg.run.seed, step, micro, self.dist.rank, 0xA06B))
+                x, y = self.augment(x, y)
             torch.manual_seed(mix_seed(cfg.run.seed, step, micro, self.dist.rank, 0xD0))  # dropout
             last = micro == accum - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
@@ -620,6 +631,8 @@ class Trainer:
     def close(self) -> None:
         """Leave the process group, restore torch's thread count and release the run directory."""
         dist_utils.cleanup(self.dist)
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()
         torch.set_num_threads(self._threads)
         if self.lock is not None:
             self.lock.release()

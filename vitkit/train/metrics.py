@@ -4,6 +4,10 @@ Records are ``{"kind": "train", "step", "epoch", "loss", "lr", "images_per_s", "
 steps and ``{"kind": "eval", "step", "epoch", "eval_loss", "eval_top1", "eval_top5"}`` at each evaluation
 (masked patch prediction: ``"eval_mpp_loss", "eval_mpp_acc"``, the loss and colour accuracy on held-out images).
 On resume the file is cut back to the resumed step, so it reads as one uninterrupted run.
+
+With run.tensorboard the same scalars also go to run_dir/tensorboard (``train/loss``, ``train/lr``,
+``train/images_per_s``, ``eval/<metric>``), read by TensorBoard, which is what most PyTorch users open; a resumed
+run purges the events past its step there too.
 """
 
 from __future__ import annotations
@@ -15,12 +19,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
 
 if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: runs without plots never load it
     from matplotlib.figure import Figure
 
 METRICS_NAME = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+TENSORBOARD_HINT = "pip install 'vitkit[tensorboard]' (or pip install tensorboard)"
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[int]:
@@ -36,10 +43,32 @@ class MetricsLog:
 
     def __init__(self, run_dir: str | Path) -> None:
         self.path = Path(run_dir) / METRICS_NAME
+        self.writer: Any = None  # a SummaryWriter once open_tensorboard is called
+
+    def open_tensorboard(self, purge_step: int | None = None) -> None:
+        """Also write scalars to run_dir/tensorboard; events past purge_step (a resumed run's) are discarded."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise UserError(f"run.tensorboard=true needs the tensorboard package: {TENSORBOARD_HINT}") from None
+        self.writer = SummaryWriter(str(self.path.parent / TENSORBOARD_DIR), purge_step=purge_step or None)
 
     def write(self, record: dict[str, Any]) -> None:
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
+        if self.writer is not None:
+            kind, step = record.get("kind", "train"), int(record.get("step", 0))
+            for key, value in record.items():
+                if key in ("kind", "step", "time") or isinstance(value, bool) or not isinstance(value, (int, float)):
+                    continue
+                tag = f"eval/{key.removeprefix('eval_')}" if kind == "eval" else f"{kind}/{key}"
+                self.writer.add_scalar(tag, value, step)
+            self.writer.flush()  # at the log cadence: a killed run keeps what it logged
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.is_file():

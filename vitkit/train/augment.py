@@ -1,0 +1,150 @@
+"""Batch augmentation on the training device, after decoding: RandAugment, then mixup / cutmix.
+
+``BatchAugment(cfg, info)`` maps a training micro-batch ``(x, y)`` (normalised images, integer labels) to the
+images and targets the loss sees. Each lever is off by default and independent:
+
+- RandAugment (``data.randaugment_ops``, ``data.randaugment_magnitude``): kornia's batched implementation, on
+  [0, 1] pixels (the batch is un-normalised, augmented and normalised again). kornia draws one sequence of
+  operations per call, so the batch is cut into up to ``RANDAUGMENT_GROUPS`` groups that each draw their own:
+  images of one batch see different operations, at the cost of a few calls instead of one per image.
+- mixup / cutmix (``optim.mixup_alpha``, ``optim.cutmix_alpha``, ``optim.mixup_switch_prob``): one mixing
+  weight per batch drawn from Beta(alpha, alpha), each image mixed with its mirror in the batch (``x.flip(0)``),
+  as timm does. With both on, a batch uses cutmix with probability ``mixup_switch_prob``. The targets are
+  soft: the label-smoothed one-hot vectors mixed in the proportion of the mixed pixels (for cutmix the pasted
+  box's area, after the box is clipped to the image), so they sum to 1 and match what the image shows.
+
+All randomness comes from torch's global RNG (kornia's too), which the engine seeds per (seed, step,
+micro-batch, rank) before the call: a resumed run draws exactly what an uninterrupted one did.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import UserError
+
+RANDAUGMENT_GROUPS = 16  # kornia picks one op sequence per call: this many calls per batch give images variety
+KORNIA_HINT = "pip install 'vitkit[augment]' (or pip install kornia)"
+
+
+def load_randaugment(num_ops: int, magnitude: int) -> Any:
+    """kornia's RandAugment(n=num_ops, m=magnitude), or a UserError with the install hint."""
+    try:
+        from kornia.augmentation.auto import RandAugment
+    except ImportError:
+        raise UserError(f"data.randaugment_ops={num_ops} needs the kornia package: {KORNIA_HINT}") from None
+    return RandAugment(n=num_ops, m=magnitude)
+
+
+class BatchAugment:
+    """RandAugment and mixup / cutmix for one run; ``enabled`` is False when every lever is off."""
+
+    def __init__(
+        self,
+        num_classes: int,
+        mean: list[float],
+        std: list[float],
+        *,
+        randaugment_ops: int = 0,
+        randaugment_magnitude: int = 10,
+        mixup_alpha: float = 0.0,
+        cutmix_alpha: float = 0.0,
+        switch_prob: float = 0.5,
+        label_smoothing: float = 0.0,
+    ) -> None:
+        self.num_classes = num_classes
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
+        self.randaugment = load_randaugment(randaugment_ops, randaugment_magnitude) if randaugment_ops else None
+        self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
+        self.switch_prob, self.label_smoothing = switch_prob, label_smoothing
+
+    @property
+    def mixes(self) -> bool:
+        return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.randaugment is not None or self.mixes
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, C, H, W) normalised images and (B,) labels -> augmented images and (B,) labels or (B, K) targets."""
+        if self.randaugment is not None:
+            x = self.apply_randaugment(x)
+        if self.mixes:
+            x, y = self.mix(x, y)
+        return x, y
+
+    def apply_randaugment(self, x: torch.Tensor) -> torch.Tensor:
+        mean, std = self.mean.to(x.device), self.std.to(x.device)
+        pixels = (x.float() * std + mean).clamp(0, 1)
+        channels = pixels.shape[1]
+        if channels == 1:  # kornia's colour operations want RGB; grey in, grey out
+            pixels = pixels.expand(-1, 3, -1, -1)
+        groups = pixels.chunk(min(RANDAUGMENT_GROUPS, len(pixels)))
+        out = torch.cat([self.randaugment(g) for g in groups])
+        if channels == 1:
+            out = out.mean(dim=1, keepdim=True)
+        return ((out - mean) / std).to(x.dtype)
+
+    def soft_targets(self, y: torch.Tensor) -> torch.Tensor:
+        """Label-smoothed one-hot targets: 1 - s + s / K on the label, s / K elsewhere (sums to 1)."""
+        off = self.label_smoothing / self.num_classes
+        return F.one_hot(y, self.num_classes).float() * (1 - self.label_smoothing) + off
+
+    def mix(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One mixing weight for the batch; each image mixed with its mirror ``x.flip(0)``; soft targets."""
+        # a fixed count of draws whatever the outcome keeps the RNG stream the same from one batch to the next
+        switch = float(torch.rand(()))
+        centre = torch.rand(2)
+        use_cutmix = self.cutmix_alpha > 0 and (self.mixup_alpha <= 0 or switch < self.switch_prob)
+        alpha = self.cutmix_alpha if use_cutmix else self.mixup_alpha
+        lam = float(torch.distributions.Beta(alpha, alpha).sample())
+        other = x.flip(0)
+        if use_cutmix:
+            (y0, y1, x0, x1), lam = cutmix_box(x.shape[-2:], lam, centre)
+            x = x.clone()
+            x[..., y0:y1, x0:x1] = other[..., y0:y1, x0:x1]
+        else:
+            x = x * lam + other * (1 - lam)
+        targets = self.soft_targets(y)
+        return x, targets * lam + targets.flip(0) * (1 - lam)
+
+
+def cutmix_box(
+    size: tuple[int, int] | torch.Size, lam: float, centre: torch.Tensor
+) -> tuple[tuple[int, int, int, int], float]:
+    """The pasted box (top, bottom, left, right) for a share 1 - lam of the image, centred at ``centre`` (two
+    numbers in [0, 1)), clipped to the image; and lam corrected to the share the box leaves, 1 - its area."""
+    h, w = int(size[0]), int(size[1])
+    ratio = math.sqrt(1 - lam)
+    cut_h, cut_w = int(h * ratio), int(w * ratio)
+    cy, cx = int(centre[0] * h), int(centre[1] * w)
+    y0, y1 = max(cy - cut_h // 2, 0), min(cy + cut_h // 2, h)
+    x0, x1 = max(cx - cut_w // 2, 0), min(cx + cut_w // 2, w)
+    return (y0, y1, x0, x1), 1 - (y1 - y0) * (x1 - x0) / (h * w)
+
+
+def build_augment(cfg: Any, num_classes: int, mean: list[float], std: list[float]) -> BatchAugment:
+    """The BatchAugment a TrainConfig asks for (its data and optim sections)."""
+    d, o = cfg.data, cfg.optim
+    if (o.mixup_alpha > 0 or o.cutmix_alpha > 0) and cfg.run.objective != "classification":
+        raise UserError(
+            f"optim.mixup_alpha / optim.cutmix_alpha mix class labels; run.objective={cfg.run.objective} has none "
+            "(set both to 0)"
+        )
+    return BatchAugment(
+        num_classes,
+        mean,
+        std,
+        randaugment_ops=d.randaugment_ops,
+        randaugment_magnitude=d.randaugment_magnitude,
+        mixup_alpha=o.mixup_alpha,
+        cutmix_alpha=o.cutmix_alpha,
+        switch_prob=o.mixup_switch_prob,
+        label_smoothing=o.label_smoothing,
+    )
