@@ -277,18 +277,19 @@ def test_measuring_memory_writes_to_proc_only_when_asked(monkeypatch):
 
 
 # ------------------------------------------------------------------------- one reader of a checkpoint's data
-def _image_folder(root: Path, classes: int = 3, per_class: int = 6) -> Path:
+def image_folder(root: Path, classes: int = 3, per_class: int = 6, size: int = 20, name: str = "c{}") -> Path:
+    """root/<class>/<i>.png: per class a flat colour (60 levels apart) with noise, classes named name.format(c)."""
     rng = np.random.default_rng(0)
     for c in range(classes):
-        (root / f"c{c}").mkdir(parents=True)
+        (root / name.format(c)).mkdir(parents=True)
         for i in range(per_class):
-            pixels = np.full((20, 20, 3), 60 * c, np.uint8) + rng.integers(0, 30, (20, 20, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / f"c{c}" / f"{i}.png")
+            pixels = np.full((size, size, 3), 60 * c, np.uint8) + rng.integers(0, 30, (size, size, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(root / name.format(c) / f"{i}.png")
     return root
 
 
 def test_data_means_the_same_in_every_command(tmp_path, capsys):
-    folder = _image_folder(tmp_path / "images")
+    folder = image_folder(tmp_path / "images")
     model = VisionTransformer(**TINY)
     ckpt = tmp_path / "ckpt"
     save_pretrained(model, ckpt, metadata={"class_names": ["c0", "c1", "c2"], "img_size": 16})

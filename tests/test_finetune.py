@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-from PIL import Image
+from test_design import image_folder
 
 from vitkit import UserError, VisionTransformer
 from vitkit.checkpoint import read_native, save_pretrained
@@ -25,14 +25,8 @@ from vitkit.train.finetune import default_batch_size, default_steps, finetune_co
 SOURCE = dict(img_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=7, gelu="tanh")
 
 
-def _folder(root: Path, classes: int = 3, per_class: int = 8) -> Path:
-    rng = np.random.default_rng(0)
-    for c in range(classes):
-        (root / f"class{c}").mkdir(parents=True)
-        for i in range(per_class):
-            pixels = np.full((40, 40, 3), 70 * c, np.uint8) + rng.integers(0, 40, (40, 40, 3), dtype=np.uint8)
-            Image.fromarray(pixels).save(root / f"class{c}" / f"{i}.png")
-    return root
+def _folder(root: Path) -> Path:
+    return image_folder(root, per_class=8, size=40, name="class{}")
 
 
 def _official(path: Path, **overrides) -> Path:

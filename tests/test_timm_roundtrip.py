@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
+from test_checkpoint import randomized  # noise on every parameter, zero-initialised ones too
 
 from vitkit import UserError, VisionTransformer
 from vitkit.checkpoint import load_model, load_pretrained, save_pretrained
@@ -32,15 +33,6 @@ CASES = {
     "off_grid_dynamic": dict(TINY, num_heads=2, img_size=36, dynamic_img_size=True, num_classes=0),
     "hybrid": dict(TINY, patch_size=1, resnet_layers=(1, 1), resnet_width=0.5, gelu="tanh"),
 }
-
-
-def randomized(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Noise on every parameter, so zero-initialised tensors (head, cls, biases) are compared too."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=g))
-    return model.eval()
 
 
 def build(**fields) -> VisionTransformer:

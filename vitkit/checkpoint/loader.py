@@ -44,8 +44,7 @@ from torch import nn
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..io import atomic_write
 from ..models.posemb import resample_pos_embed, resample_relative
-from ..models.registry import model_from_config
-from ..models.resnet import ResNetConfig
+from ..models.registry import config_class, model_from_config
 from ..models.vit import ViTConfig
 from . import big_transfer, hf, native, official, timm
 
@@ -350,7 +349,7 @@ def load_model(
     """
     ckpt = read_checkpoint(path, format, tower=tower, overrides=overrides)
     arch = ckpt.config.get("arch", "vit")
-    known = {f.name for f in fields(ViTConfig if arch == "vit" else ResNetConfig) if f.init}
+    known = {f.name for f in fields(config_class(arch)) if f.init}
     unknown = sorted(set(overrides) - known)
     if unknown:
         raise ConfigError(f"load_model: unknown {arch} config field(s) {unknown}; known: {sorted(known)}")

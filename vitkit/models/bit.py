@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .common import count_params, lecun_normal_, normalise_stages, replace_config, zero_head
+from .common import PooledClassifier, Stage, lecun_normal_, normalise_stages, replace_config, zero_head
 from .resnet import GroupNorm
 
 WS_EPS = 1e-10  # added to the kernel's variance (big_transfer StdConv2d / standardize)
@@ -91,17 +91,6 @@ class PreActBottleneck(nn.Module):
         return y + shortcut
 
 
-class Stage(nn.Module):
-    def __init__(self, in_chs: int, out_chs: int, depth: int, stride: int) -> None:
-        super().__init__()
-        units = [PreActBottleneck(in_chs, out_chs, stride)]
-        units += [PreActBottleneck(out_chs, out_chs) for _ in range(depth - 1)]
-        self.blocks = nn.Sequential(*units)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks(x)
-
-
 class Stem(nn.Module):
     """Root block: StdConv 7x7/2 (pad 3), 1 pixel of zeros, max-pool 3x3/2: /4, no norm or activation."""
 
@@ -148,7 +137,7 @@ class BiTConfig:
         return asdict(self)
 
 
-class BiT(nn.Module):
+class BiT(PooledClassifier):
     """BiT ResNet-v2 classifier: root, pre-activation stages, GN+ReLU, global average pooling, zero dense head."""
 
     def __init__(self, config: BiTConfig | None = None, **overrides) -> None:
@@ -159,7 +148,8 @@ class BiT(nn.Module):
         stages, chs = [], config.width
         for i, depth in enumerate(config.layers):
             out_chs = 4 * config.width * 2**i
-            stages.append(Stage(chs, out_chs, depth, stride=1 if i == 0 else 2))
+            first = PreActBottleneck(chs, out_chs, stride=1 if i == 0 else 2)
+            stages.append(Stage([first, *(PreActBottleneck(out_chs, out_chs) for _ in range(depth - 1))]))
             chs = out_chs
         self.stages = nn.Sequential(*stages)
         self.norm = group_norm(chs)  # the pre-head GN ('resnet/group_norm'), ReLU in forward_features
@@ -169,21 +159,3 @@ class BiT(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, 2048 * width_factor, H/32, W/32) pre-activated feature map (4 stages)."""
         return F.relu(self.norm(self.stages(self.stem(x))))
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x.mean(dim=(2, 3))  # (B, C)
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int) -> None:
-        """A fresh zero head for ``num_classes`` (0: none), as big_transfer's fine-tuning (``zero_head=True``)."""
-        self.config = replace_config(self.config, {"num_classes": num_classes})
-        self.head = zero_head(self.num_features, num_classes).to(self.stem.conv.weight.device)
-
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def num_params(self, trainable_only: bool = False) -> int:
-        return count_params(self, trainable_only)

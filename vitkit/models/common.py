@@ -81,5 +81,46 @@ def zero_head(in_features: int, num_classes: int) -> nn.Module:
     return head
 
 
+class Stage(nn.Module):
+    """A stage of residual units, run in order (state-dict names ``blocks.<i>``, as timm's ResNetV2)."""
+
+    def __init__(self, units: list[nn.Module]) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(*units)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.blocks(x)
+
+
+class PooledClassifier(nn.Module):
+    """The head of the CNN classifiers: global average pooling of ``forward_features``' map, then a
+    zero-initialised Dense ``head`` over ``num_features`` channels (both set by the subclass)."""
+
+    config: Any
+    head: nn.Module
+    num_features: int
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x.mean(dim=(2, 3))  # (B, C)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def reset_classifier(self, num_classes: int) -> None:
+        """A fresh zero head for ``num_classes`` (0: none), as the official fine-tuning (and big_transfer's)."""
+        self.config = replace_config(self.config, {"num_classes": num_classes})
+        self.head = zero_head(self.num_features, num_classes).to(next(self.parameters()).device)
+
+    def no_weight_decay(self) -> set[str]:
+        return set()
+
+    def num_params(self, trainable_only: bool = False) -> int:
+        return count_params(self, trainable_only)
+
+
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

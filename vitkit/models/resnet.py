@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError
-from .common import count_params, lecun_normal_, normalise_stages, replace_config, zero_head
+from .common import PooledClassifier, Stage, lecun_normal_, normalise_stages, replace_config, zero_head
 
 
 def same_padding(size: int, kernel: int, stride: int) -> tuple[int, int]:
@@ -110,17 +110,6 @@ class Bottleneck(nn.Module):
         return F.relu(residual + y)
 
 
-class Stage(nn.Module):
-    def __init__(self, in_chs: int, features: int, depth: int, stride: int) -> None:
-        super().__init__()
-        units = [Bottleneck(in_chs, features, stride)]
-        units += [Bottleneck(features * 4, features) for _ in range(depth - 1)]
-        self.blocks = nn.Sequential(*units)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.blocks(x)
-
-
 class Stem(nn.Module):
     """Root block: StdConv 7x7/2 + GroupNorm + ReLU + max-pool 3x3/2, both with TF 'SAME' padding (/4 overall)."""
 
@@ -150,7 +139,8 @@ class ResNetBackbone(nn.Module):
         stages, chs = [], width
         for i, depth in enumerate(layers):
             features = width * 2**i
-            stages.append(Stage(chs, features, depth, stride=1 if i == 0 else 2))
+            first = Bottleneck(chs, features, stride=1 if i == 0 else 2)
+            stages.append(Stage([first, *(Bottleneck(features * 4, features) for _ in range(depth - 1))]))
             chs = features * 4
         self.stages = nn.Sequential(*stages)
         self.out_chs = chs
@@ -184,8 +174,8 @@ class ResNetConfig:
         return asdict(self)
 
 
-class ResNet(nn.Module):
-    """BiT ResNet classifier (the paper's CNN baseline)."""
+class ResNet(PooledClassifier):
+    """The hybrid stem's post-activation ResNet as a classifier (hybrid_resnet_r*); BiT is models/bit.py."""
 
     def __init__(self, config: ResNetConfig | None = None, **overrides) -> None:
         super().__init__()
@@ -198,20 +188,3 @@ class ResNet(nn.Module):
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) images -> (B, C', H/32, W/32) feature map."""
         return self.backbone(x)
-
-    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
-        x = x.mean(dim=(2, 3))
-        return x if pre_logits else self.head(x)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def reset_classifier(self, num_classes: int) -> None:
-        self.config = replace_config(self.config, {"num_classes": num_classes})
-        self.head = zero_head(self.num_features, num_classes).to(self.backbone.stem.conv.weight.device)
-
-    def no_weight_decay(self) -> set[str]:
-        return set()
-
-    def num_params(self, trainable_only: bool = False) -> int:
-        return count_params(self, trainable_only)

@@ -22,9 +22,10 @@ from typing import Any
 
 from torch import nn
 
-from ..checkpoint.loader import Checkpoint, load_pretrained, read_checkpoint
+from ..checkpoint.loader import Checkpoint, load_pretrained
 from ..data import build_datasets
 from ..errors import UserError
+from ..hub import read_checkpoint as read_source  # a path or a pretrained tag (downloaded once)
 from .config import TrainConfig, config_from_dict, data_section
 from .mpp import MPP_PREFIX
 
@@ -36,7 +37,6 @@ PAPER_STEPS = ((20_000, 500), (500_000, 10_000), (math.inf, 20_000))  # (trainin
 MAX_EPOCHS = 10_000 * PAPER_BATCH / 50_000  # 102.4
 MIN_STEPS = 10
 WARMUP_FRACTION = 0.05  # 500 of the paper's 10k steps
-CHECKPOINT_SUFFIXES = (".npz", ".safetensors", ".pth", ".pt", ".bin", ".ckpt", ".json")
 RECIPE = {  # Table 4's fine-tuning optimiser; lr 0.01 is in every one of its sweeps
     "optim": {"name": "sgd", "lr": 0.01, "momentum": 0.9, "weight_decay": 0.0, "grad_clip": 1.0},
     "schedule": {"decay": "cosine"},
@@ -56,16 +56,6 @@ def default_batch_size(num_train: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ sources
-def read_source(source: str | Path) -> Checkpoint:
-    """A checkpoint by path (file or run directory) or pretrained tag, with what its weights' row says."""
-    path = Path(source)
-    if path.exists() or "/" in str(source) or path.suffix in CHECKPOINT_SUFFIXES:
-        return read_checkpoint(path)  # a path (one that does not exist is an error naming it)
-    from ..hub import read_checkpoint as read_tag  # a tag: downloaded (once) into the cache
-
-    return read_tag(str(source))
-
-
 def init_from_checkpoint(model: nn.Module, source: str | Path | Checkpoint, num_classes: int) -> str:
     """Load a checkpoint into model for fine-tuning; returns a one-paragraph report of what was adapted."""
     try:
