@@ -318,3 +318,14 @@ def test_data_means_the_same_in_every_command(tmp_path, capsys):
 def test_model_section_types_are_the_model_config_types():
     hints = typing.get_type_hints(ViTConfig)
     assert _section_types(ViTConfig)["resnet_layers"] == hints["resnet_layers"]
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
+    """`vitkit models | head -1`: the closed pipe ends the command without a traceback."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vitkit.cli", "models"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout.readline().split()[0] == "name"
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and proc.returncode in (0, 141)

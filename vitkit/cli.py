@@ -507,6 +507,9 @@ def main(argv: list[str] | None = None) -> int:
     _, fn = _COMMANDS[args.command]
     try:
         return int(fn(args) or 0)
+    except BrokenPipeError:  # the reader went away (`vitkit models | head`): stop quietly, as a piped tool does
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail
+        return 141  # 128 + SIGPIPE, the shell's code for it
     except (UserError, OSError) as e:
         system = isinstance(e, OSError) and not isinstance(e, UserError)
         # the system refused a file it names (missing, unwritable, disk full); an OSError naming none is a bug
