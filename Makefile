@@ -29,6 +29,7 @@ train: $(STAMP)
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check vitkit tests benchmarks
 	$(VENV)/bin/ruff format --check vitkit tests benchmarks
+	$(VENV)/bin/mypy
 
 format: $(DEV_STAMP)
 	$(VENV)/bin/ruff check --fix vitkit tests benchmarks
