@@ -8,12 +8,13 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
 from vitkit.bench import vit_flops
 from vitkit.checkpoint import save_pretrained
-from vitkit.errors import ConfigError
+from vitkit.errors import ConfigError, UserError
 from vitkit.models import VisionTransformer, ViTConfig
 from vitkit.models.posemb import relative_index, relative_table_shape, resample_relative
 
@@ -332,6 +333,30 @@ def test_every_parameter_gets_a_gradient(overrides):
                 assert (p.grad.flatten(1).abs().sum(1) > 0).all(), f"a layer's {name} got no gradient"
 
 
+@pytest.mark.parametrize("pos_embed", ["relative", "relative_2d"])
+@pytest.mark.parametrize("classifier", ["token", "gap", "map", "first"])
+def test_every_parameter_gets_a_gradient_from_the_logits(pos_embed, classifier):
+    model = tiny(pos_embed=pos_embed, classifier=classifier, depth=3).train()
+    F.cross_entropy(model(images(4)), torch.tensor([0, 1, 2, 3])).backward()
+    missing = {n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0}
+    # the one exception: the last block of a class-token model computes the class token alone (forward's
+    # out_tokens), and the class token has no relative term
+    assert missing == ({"blocks.2.attn.rel_pos_embed"} if classifier == "token" else set())
+
+
+def test_the_last_relative_table_of_a_class_token_model_learns_from_masked_patch_prediction():
+    from vitkit.train.mpp import MPPConfig, MPPModel
+
+    model = tiny(pos_embed="relative", depth=2).train()
+    mpp = MPPModel(model, MPPConfig())
+    with torch.no_grad():
+        mpp.mpp.head.weight.normal_()  # zero-initialised, it would pass no gradient back
+    predictions, _ = mpp(images(4), torch.Generator().manual_seed(0))
+    predictions.square().mean().backward()
+    last = model.blocks[-1].attn.rel_pos_embed
+    assert last.grad is not None and last.grad.abs().sum() > 0
+
+
 # ------------------------------------------------------------------------------------------- checkpoints
 @pytest.mark.parametrize("overrides", RELATIVE + WHERE)
 def test_checkpoint_round_trip(tmp_path, overrides):
@@ -373,17 +398,93 @@ def test_set_image_size_equals_dynamic_forward_and_resizes_tables(overrides):
 
 
 def test_resample_relative_by_hand():
-    table = torch.tensor([0.0, 2.0, 8.0])[:, None]  # offsets -1, 0, 1 (a 2-patch grid)
-    out = resample_relative(table, (5,))  # offsets -2..2: the ends stay the ends, offset 0 stays offset 0
+    table = torch.tensor([0.0, 2.0, 8.0])[:, None]  # offsets -1, 0, 1 (a 1x2 grid)
+    out = resample_relative(table, (5,), (1, 2), (1, 3))  # offsets -2..2: the ends stay the ends, 0 stays 0
     torch.testing.assert_close(out[:, 0], torch.tensor([0.0, 1.0, 2.0, 5.0, 8.0]))
-    assert resample_relative(table, (1,))[0, 0] == 2.0  # one patch: only offset 0 is left
-    assert resample_relative(table, (3,)) is table
+    assert resample_relative(table, (1,), (1, 2), (1, 1))[0, 0] == 2.0  # one patch: only offset 0 is left
+    assert resample_relative(table, (3,), (1, 2), (1, 2)) is table
+    with pytest.raises(UserError, match="not a square grid's"):
+        resample_relative(table, (5,))  # 2 patches: which grid's raster offsets they are cannot be told
     grid = torch.arange(9.0).reshape(3, 3, 1)  # 2-D: bilinear, one axis at a time
     out2 = resample_relative(grid, (5, 3))
     torch.testing.assert_close(
         out2[..., 0], torch.tensor([[0, 1, 2], [1.5, 2.5, 3.5], [3, 4, 5], [4.5, 5.5, 6.5], [6, 7, 8.0]])
     )
     torch.testing.assert_close(out2[2], grid[1])  # the middle row (row offset 0) is kept
+
+
+def raster_reference(table: torch.Tensor, old: tuple[int, int], new: tuple[int, int]) -> torch.Tensor:
+    """A 1-D relative table resampled in float64, pair by pair: each patch pair (i, j) of the new grid reads the
+    old table at its (row, column) offset scaled to the old grid (bilinear between the four integer offsets
+    around it, each read from the old table at raster offset dy * gw + dx), and each raster offset of the new grid
+    takes the mean over all the pairs that have it."""
+    (gh, gw), (nh, nw) = old, new
+    t = table.double()
+    sy = (gh - 1) / (nh - 1) if nh > 1 else 0.0
+    sx = (gw - 1) / (nw - 1) if nw > 1 else 0.0
+
+    def at(y: float, x: float) -> torch.Tensor:
+        y0, x0 = math.floor(y), math.floor(x)
+        y1, x1 = min(y0 + 1, gh - 1), min(x0 + 1, gw - 1)
+        fy, fx = y - y0, x - x0
+        out = torch.zeros(t.shape[1], dtype=torch.float64)
+        for yy, wy in ((y0, 1 - fy), (y1, fy)):
+            for xx, wx in ((x0, 1 - fx), (x1, fx)):
+                out += wy * wx * t[yy * gw + xx + gh * gw - 1]
+        return out
+
+    N = nh * nw
+    sums = torch.zeros(2 * N - 1, t.shape[1], dtype=torch.float64)
+    counts = torch.zeros(2 * N - 1, dtype=torch.float64)
+    for i in range(N):
+        for j in range(N):
+            dy, dx = j // nw - i // nw, j % nw - i % nw
+            sums[j - i + N - 1] += at(dy * sy, dx * sx)
+            counts[j - i + N - 1] += 1
+    return sums / counts[:, None]
+
+
+@pytest.mark.parametrize(
+    "old, new", [((4, 4), (8, 8)), ((8, 8), (4, 4)), ((4, 4), (6, 5)), ((3, 5), (5, 2)), ((2, 3), (1, 4))]
+)
+def test_a_1d_relative_table_resamples_through_row_and_column_offsets(old, new):
+    table = torch.randn(2 * old[0] * old[1] - 1, 3, generator=torch.Generator().manual_seed(0))
+    out = resample_relative(table, relative_table_shape(new, 1), old, new)
+    assert out.shape == (2 * new[0] * new[1] - 1, 3)
+    torch.testing.assert_close(out.double(), raster_reference(table, old, new), atol=1e-5, rtol=1e-5)
+
+
+def test_one_row_down_stays_one_row_down_when_a_1d_table_is_stretched():
+    table = torch.eye(31)  # a 4x4 grid's raster offsets -15..15: offset o's embedding is the one-hot of row o + 15
+    out = resample_relative(table, (127,))  # to an 8x8 grid (the square grids the lengths imply, as a loader has)
+
+    def mix(**weights: float) -> torch.Tensor:  # old raster offsets -> their weights, e.g. o4=3/7 for offset +4
+        v = torch.zeros(31)
+        for name, w in weights.items():
+            v[int(name[1:].replace("m", "-")) + 15] = w
+        return v
+
+    # 8x8 offset +8 is (dy, dx) = (1, 0) alone; scaled to 3/7 of a row down the 4x4 grid: between "same patch"
+    # (0) and "one row down" (+4), not between the right-hand neighbours +1 and +2 that raster order has there
+    torch.testing.assert_close(out[8 + 63], mix(o0=4 / 7, o4=3 / 7))
+    # 8x8 offset +1 is (0, 1) for 56 patch pairs and (1, -7) for 7: each scaled by 3/7, weighted by its pairs
+    # (0, 3/7) -> 4/7 of offset 0 + 3/7 of +1; (3/7, -3) -> 4/7 of (0, -3) = -3 + 3/7 of (1, -3) = +1
+    torch.testing.assert_close(out[1 + 63], mix(o0=32 / 63, o1=27 / 63, om3=4 / 63))
+    torch.testing.assert_close(out[63], mix(o0=1.0))  # offset 0 stays offset 0
+
+
+def test_the_loader_resamples_a_1d_table_of_a_non_square_grid(tmp_path):
+    model = VisionTransformer(
+        img_size=(16, 24), patch_size=4, width=32, depth=1, num_heads=2, mlp_dim=64, pos_embed="relative"
+    )  # a 4x6 grid
+    save_pretrained(model, tmp_path / "rel")
+    tall = vitkit.load_model(tmp_path / "rel", img_size=(24, 16))  # 6x4: as many offsets (47), other geometry
+    table = model.blocks[0].attn.rel_pos_embed.detach()
+    want = raster_reference(table, (4, 6), (6, 4)).float()
+    torch.testing.assert_close(tall.blocks[0].attn.rel_pos_embed.detach(), want, atol=1e-6, rtol=1e-6)
+    assert (want - table).abs().max() > 1e-3  # the same shape, yet not the same table
+    model.set_image_size((24, 16))
+    torch.testing.assert_close(model.blocks[0].attn.rel_pos_embed, tall.blocks[0].attn.rel_pos_embed)
 
 
 def test_the_loader_resamples_every_layer_tables_as_the_input_table(tmp_path):

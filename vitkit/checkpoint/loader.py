@@ -226,8 +226,8 @@ def _adapt_vit(model: nn.Module, ckpt: Checkpoint, state: dict[str, torch.Tensor
         state["pos_embed"] = resample_pos_embed(pe, model.grid, ckpt.grid(), model.num_prefix_tokens)
         report.resampled.append("pos_embed")
     for key in [k for k in state if k.endswith("attn.rel_pos_embed") and k in target]:  # relative attention tables
-        if state[key].shape != target[key].shape and state[key].shape[-1] == target[key].shape[-1]:
-            state[key] = resample_relative(state[key], tuple(target[key].shape[:-1]))
+        if ckpt.grid() != model.grid and state[key].shape[-1] == target[key].shape[-1]:  # 1-D: shapes may agree
+            state[key] = resample_relative(state[key], tuple(target[key].shape[:-1]), ckpt.grid(), model.grid)
             report.resampled.append(key)
     head_after_rep = False
     if "pre_logits.weight" in state and "pre_logits.weight" not in target:

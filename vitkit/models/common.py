@@ -71,6 +71,20 @@ def normalise_stages(config: Any) -> None:
     check_num_classes(owner, config.num_classes)
 
 
+class Mlp(nn.Module):
+    """The transformer MLP: Dense -> GELU -> dropout -> Dense -> dropout (encoder blocks and the MAP head)."""
+
+    def __init__(self, dim: int, hidden: int, gelu: str = "tanh", drop: float = 0.0) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden)
+        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.fc2 = nn.Linear(hidden, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+
+
 def zero_head(in_features: int, num_classes: int) -> nn.Module:
     """The classifier head: zero-initialised Dense (as the official code); Identity when num_classes is 0."""
     if not num_classes:

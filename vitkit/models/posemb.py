@@ -3,6 +3,8 @@ tables of relative position attention (paper appendix D.4)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -108,18 +110,72 @@ def relative_index(grid: Grid, dims: int, device: torch.device | str | None = No
     return dy * (2 * gw - 1) + dx
 
 
-def resample_relative(table: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+def resample_relative(
+    table: torch.Tensor, shape: tuple[int, ...], old_grid: Grid | None = None, new_grid: Grid | None = None
+) -> torch.Tensor:
     """Resize a relative-position table (*offsets, D) to new offset axes ``shape`` (see relative_table_shape).
 
-    Each offset axis is interpolated linearly with align_corners=True (bilinear for 2-D tables, done one axis
-    at a time), which keeps offset 0 at offset 0 and maps the largest offsets onto the largest: the offset range
-    stretches with the grid, as resample_pos_embed stretches an absolute table. An axis reduced to a single
-    offset keeps offset 0. The table itself is returned when the shape already fits.
+    The offset range stretches with the grid, as resample_pos_embed stretches an absolute table: each (row,
+    column) offset axis is interpolated linearly with align_corners=True (bilinear, one axis at a time), which
+    keeps offset 0 at offset 0 and maps the largest offsets onto the largest. An axis reduced to a single offset
+    keeps offset 0. The table itself is returned when the shape (and, for 1-D tables, the grid) already fits.
+
+    A 1-D table is indexed by raster-order offsets, whose meaning depends on the grid's width (one row down is
+    +gw), so stretching it as a line would mix up its geometry; it is read through (row, column) offsets instead
+    (see resample_relative_1d), which needs the tables' grids: ``old_grid`` and ``new_grid``, or, when not given,
+    the square grids the lengths imply.
     """
-    if tuple(table.shape[:-1]) == tuple(shape):
-        return table
     if table.ndim - 1 != len(shape):
         raise UserError(f"relative table {tuple(table.shape)} has {table.ndim - 1} offset axes, not {len(shape)}")
+    if len(shape) == 1:
+        old = old_grid or _square_grid(table.shape[0])
+        new = new_grid or _square_grid(shape[0])
+        if 2 * new[0] * new[1] - 1 != shape[0]:
+            raise UserError(f"relative table shape {tuple(shape)} is not that of a {new[0]}x{new[1]} grid")
+        return resample_relative_1d(table, old, new)
+    return _stretch_offsets(table, shape)
+
+
+def resample_relative_1d(table: torch.Tensor, old_grid: Grid, new_grid: Grid) -> torch.Tensor:
+    """Resize a 1-D (raster-order) relative table (2 N - 1, D) of an old grid to a new grid's (2 N' - 1, D).
+
+    The old table is read as the (2 gh - 1, 2 gw - 1, D) table of (row, column) offsets it gives each patch pair
+    (offset dy * gw + dx), stretched as a 2-D table is, and folded back to raster order. A raster offset of the
+    new grid can stand for two (row, column) offsets (in a 4-wide grid +3 is (0, 3) and (1, -1)); it gets the
+    mean of their values weighted by how many patch pairs have each, which is the single value closest (least
+    squares over all query-key pairs) to what the stretched 2-D table gives them.
+    """
+    gh, gw = old_grid
+    if table.ndim != 2 or table.shape[0] != 2 * gh * gw - 1:
+        raise UserError(f"relative table {tuple(table.shape)} is not the 1-D table of a {gh}x{gw} grid")
+    if tuple(old_grid) == tuple(new_grid):
+        return table
+    dy, dx = torch.arange(1 - gh, gh, device=table.device), torch.arange(1 - gw, gw, device=table.device)
+    table_2d = table[dy[:, None] * gw + dx[None, :] + (gh * gw - 1)]  # (2gh-1, 2gw-1, D)
+    nh, nw = new_grid
+    stretched = _stretch_offsets(table_2d.float(), (2 * nh - 1, 2 * nw - 1)).flatten(0, 1)  # (E2, D)
+    dy, dx = torch.arange(1 - nh, nh, device=table.device), torch.arange(1 - nw, nw, device=table.device)
+    raster = (dy[:, None] * nw + dx[None, :] + (nh * nw - 1)).flatten()  # (E2,): each offset's 1-D row
+    pairs = ((nh - dy.abs())[:, None] * (nw - dx.abs())[None, :]).flatten().float()  # patch pairs per offset
+    total = stretched.new_zeros(2 * nh * nw - 1, table.shape[1]).index_add_(0, raster, stretched * pairs[:, None])
+    weight = pairs.new_zeros(2 * nh * nw - 1).index_add_(0, raster, pairs)  # > 0: every raster offset occurs
+    return (total / weight[:, None]).to(table.dtype)
+
+
+def _square_grid(offsets: int) -> Grid:
+    side = math.isqrt((offsets + 1) // 2)
+    if 2 * side * side - 1 != offsets:
+        raise UserError(
+            f"a 1-D relative table of {offsets} offsets is not a square grid's, so its (row, column) offsets cannot "
+            "be recovered to resample it: give the grids it belongs to"
+        )
+    return (side, side)
+
+
+def _stretch_offsets(table: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """Linear (align_corners=True) resampling of each offset axis of (*offsets, D); see resample_relative."""
+    if tuple(table.shape[:-1]) == tuple(shape):
+        return table
     out = table.float()
     for axis, new in enumerate(shape):
         old = out.shape[axis]

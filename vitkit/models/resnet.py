@@ -40,6 +40,7 @@ class StdConv2d(nn.Conv2d):
     def __init__(self, in_chs: int, out_chs: int, kernel_size: int, stride: int = 1, eps: float = 1e-5) -> None:
         super().__init__(in_chs, out_chs, kernel_size, stride=stride, padding=0, bias=False)
         self.eps = eps
+        self.same_kernel, self.same_stride = (kernel_size, kernel_size), (stride, stride)  # for pad_same
         lecun_normal_(self.weight)
 
     def standardized_weight(self) -> torch.Tensor:
@@ -49,7 +50,7 @@ class StdConv2d(nn.Conv2d):
         return (w - mean) / (std + self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = pad_same(x, self.kernel_size, self.stride)
+        x = pad_same(x, self.same_kernel, self.same_stride)
         return F.conv2d(x, self.standardized_weight(), None, self.stride)
 
 

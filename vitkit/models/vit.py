@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +30,18 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError, UserError
-from .common import as_pair, check_num_classes, check_positive, count_params, lecun_normal_, replace_config, zero_head
+from .attention import ATTN_IMPLS, Attention, RelativePositions
+from .common import (
+    Mlp,
+    as_pair,
+    check_num_classes,
+    check_positive,
+    count_params,
+    lecun_normal_,
+    replace_config,
+    zero_head,
+)
+from .heads import CLASSIFIERS, MAPHead, pool_tokens
 from .posemb import (
     relative_index,
     relative_table_shape,
@@ -41,12 +52,15 @@ from .posemb import (
 )
 from .resnet import ResNetBackbone, stem_reduction
 
-CLASSIFIERS = ("token", "gap", "map", "first")
+if TYPE_CHECKING:
+    Size = tuple[int, int]  # what a built config holds: __post_init__ makes every size a (height, width) pair
+else:
+    Size = int | tuple[int, int]  # what it accepts, as the typed key=value parser reads it (get_type_hints)
+
 POS_EMBEDS = ("learned", "learned_2d", "sincos_2d", "relative", "relative_2d", "none")
 POS_EMBED_WHERE = ("input", "every_layer", "every_layer_shared")
 RELATIVE_DIMS = {"relative": 1, "relative_2d": 2}  # offsets in raster order (the paper's), or (row, column)
 GELUS = ("tanh", "exact")
-ATTN_IMPLS = ("sdpa", "explicit")
 
 
 @dataclass(frozen=True)
@@ -56,8 +70,8 @@ class ViTConfig:
     Serialisable with ``to_dict`` / ``ViTConfig(**d)``; every field is checked here, where the config is built.
     """
 
-    img_size: int | tuple[int, int] = 224  # input size in pixels (square int, or (height, width))
-    patch_size: int | tuple[int, int] = 16  # pixels per patch side (hybrids: feature-map cells)
+    img_size: Size = (224, 224)  # input size in pixels, (height, width); an int n is (n, n)
+    patch_size: Size = (16, 16)  # pixels per patch side (hybrids: feature-map cells)
     in_chans: int = 3  # input channels
     num_classes: int = 1000  # 0: no head (forward gives the representation)
     width: int = 768  # token width D
@@ -85,7 +99,7 @@ class ViTConfig:
 
     def __post_init__(self) -> None:
         # normalise spellings once, here (lists from JSON/YAML, ints for square sizes); the config stays a value
-        normal = dict(img_size=as_pair("ViTConfig", "img_size", self.img_size))
+        normal: dict[str, Any] = dict(img_size=as_pair("ViTConfig", "img_size", self.img_size))
         normal["patch_size"] = as_pair("ViTConfig", "patch_size", self.patch_size)
         if self.resnet_layers is not None:
             normal["resnet_layers"] = tuple(self.resnet_layers)
@@ -181,114 +195,6 @@ class ViTConfig:
         return asdict(self)
 
 
-class RelativePositions(NamedTuple):
-    """One call's token layout as relative position attention reads it; encode builds it once for all blocks."""
-
-    index: torch.Tensor  # (N, N) long: the offset-table row that query patch i and key patch j read
-    table_shape: tuple[int, ...]  # offset axes for this grid: (2N - 1,) or (2 gh - 1, 2 gw - 1)
-    prefix: int  # tokens before the patches (the class token): pairs involving them get no relative term
-
-
-class Attention(nn.Module):
-    """Multi-head self-attention with a fused qkv projection. q, k, v and out all have biases.
-
-    With ``rel_table`` (the offset axes of a token grid, see posemb.relative_table_shape) it is relative position
-    attention (appendix D.4): ``rel_pos_embed`` holds a learned D-wide embedding per offset between patches; the
-    queries attend to them as to keys (each head reads its own head_dim slice, as it does of a token's key), and
-    these logits q_i . r_{j-i} are added to the content logits q_i . k_j before the softmax.
-    """
-
-    def __init__(
-        self,
-        dim: int,
-        num_heads: int,
-        attn_drop: float = 0.0,
-        proj_drop: float = 0.0,
-        rel_table: tuple[int, ...] | None = None,
-    ) -> None:
-        super().__init__()
-        self.num_heads = num_heads
-        self.head_dim = dim // num_heads
-        self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.proj = nn.Linear(dim, dim)
-        self.attn_drop = attn_drop
-        self.proj_drop = nn.Dropout(proj_drop)
-        self.rel_pos_embed = nn.Parameter(torch.zeros(*rel_table, dim)) if rel_table else None  # (*offsets, D)
-
-    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        # unbind along the (B, N, 3, nh, hd) layout itself: in backward the three gradients are stacked straight
-        # into the qkv output's layout, where permuting first would cost an extra copy of them
-        B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)
-        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, nh, N, hd)
-
-    def _out(self, x: torch.Tensor) -> torch.Tensor:
-        B, _, N, _ = x.shape
-        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, -1)))
-
-    def _q_kv(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Queries of the first n tokens, keys and values of all: the qkv matmul split by rows of its weight."""
-        if type(self.qkv) is not nn.Linear:  # a wrapped projection (LoRA, quantised, ...): run it as it is
-            q, k, v = self._qkv(x)
-            return q[:, :, :n], k, v
-        B, N, C = x.shape
-        w, b = self.qkv.weight, self.qkv.bias
-        q = F.linear(x[:, :n], w[:C], b[:C]).reshape(B, n, self.num_heads, self.head_dim).transpose(1, 2)
-        k, v = F.linear(x, w[C:], b[C:]).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
-        return q, k.transpose(1, 2), v.transpose(1, 2)
-
-    def _relative_logits(self, q: torch.Tensor, rel: RelativePositions) -> torch.Tensor | None:
-        """The relative logits of queries of the first n tokens (B, nh, n, hd) against all T keys: (B, nh, n, T).
-
-        q comes scaled by 1/sqrt(hd), so the bias is scaled as the content logits are (SDPA scales q k^T but not
-        its mask). Rows and columns of the class token are zero; None when no query is a patch.
-        """
-        B, nh, n, hd = q.shape
-        qp = q[:, :, rel.prefix :]  # (B, nh, n_p, hd): the patch queries
-        n_p = qp.shape[2]
-        if n_p == 0:
-            return None
-        table = resample_relative(self.rel_pos_embed, rel.table_shape)  # another grid: a resampled table
-        table = table.reshape(-1, nh, hd).transpose(0, 1)  # (nh, E, hd), E offsets
-        logits = qp @ table.transpose(1, 2)  # (B, nh, n_p, E): each query against every offset's embedding
-        bias = logits.gather(-1, rel.index[:n_p].expand(B, nh, -1, -1))  # (B, nh, n_p, N): q_i . r_{j-i}
-        return F.pad(bias, (rel.prefix, 0, n - n_p, 0))  # (B, nh, n, T)
-
-    def forward(
-        self, x: torch.Tensor, out_tokens: int | None = None, rel: RelativePositions | None = None
-    ) -> torch.Tensor:
-        """(B, N, D) -> (B, N, D), or (B, out_tokens, D): the outputs of the first out_tokens tokens only."""
-        q, k, v = self._qkv(x) if out_tokens is None else self._q_kv(x, out_tokens)
-        bias = None if rel is None else self._relative_logits(q * self.scale, rel)
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop if self.training else 0.0)
-        return self._out(x)
-
-    def forward_explicit(
-        self, x: torch.Tensor, rel: RelativePositions | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """softmax(q k^T / sqrt(d) [+ relative logits]) v written out; also returns the probabilities (B, nh, N, N)."""
-        q, k, v = self._qkv(x)
-        q = q * self.scale
-        logits = q @ k.transpose(-2, -1)  # (B, nh, N, N)
-        bias = None if rel is None else self._relative_logits(q, rel)
-        probs = (logits if bias is None else logits + bias).softmax(dim=-1)
-        attn = F.dropout(probs, self.attn_drop, self.training) if self.attn_drop else probs
-        return self._out(attn @ v), probs
-
-
-class Mlp(nn.Module):
-    def __init__(self, dim: int, hidden: int, gelu: str = "tanh", drop: float = 0.0) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(drop)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
-
-
 def drop_path_rates(rate: float, depth: int) -> list[float]:
     """Stochastic depth per block: 0 for the first, ``rate`` for the last, linear between (timm, DeiT, AugReg)."""
     if depth == 1:
@@ -355,45 +261,6 @@ class Block(nn.Module):
         return x + self.drop_path2(self.mlp(self.norm2(x))), probs
 
 
-class MAPHead(nn.Module):
-    """Multi-head attention pooling, as big_vision's MAPHead: a learned probe token attends to the encoded tokens
-    (B, N, D), then x + MLP(LN(x)); the probe's output (B, D) is the pooled representation.
-
-    big_vision builds it with the encoder's head count and MLP width; q, k, v and out have biases, the LayerNorm
-    and GELU are the model's, and there is no dropout (big_vision's head has none). Parameter names follow timm's
-    AttentionPoolLatent (latent, q, kv, proj, norm, mlp), so its state dicts map one to one.
-    """
-
-    def __init__(self, cfg: ViTConfig) -> None:
-        super().__init__()
-        D = cfg.width
-        self.num_heads = cfg.num_heads
-        self.head_dim = D // cfg.num_heads
-        self.latent = nn.Parameter(torch.zeros(1, 1, D))  # big_vision's probe
-        self.q = nn.Linear(D, D)
-        self.kv = nn.Linear(D, 2 * D)  # keys, then values
-        self.proj = nn.Linear(D, D)
-        self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)
-        self.mlp = Mlp(D, cfg.mlp_dim, cfg.gelu)
-
-    def forward(self, x: torch.Tensor, explicit: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Encoded tokens (B, N, D) -> (pooled (B, D), the probe's attention probabilities (B, nh, 1, N) when
-        explicit, else None)."""
-        B, N, D = x.shape
-        q = self.q(self.latent.expand(B, -1, -1)).reshape(B, 1, self.num_heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv(x).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)  # (B, nh, N, hd)
-        probs = None
-        if explicit:
-            probs = ((q * self.head_dim**-0.5) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, nh, 1, N)
-            y = probs @ v
-        else:
-            y = F.scaled_dot_product_attention(q, k, v)
-        y = self.proj(y.transpose(1, 2).reshape(B, 1, D))  # (B, 1, D)
-        y = y + self.mlp(self.norm(y))
-        return y[:, 0], probs
-
-
 class PatchEmbed(nn.Module):
     """Optional ResNet stem, then a conv with kernel = stride = patch size: (B, C, H, W) -> (B, N, D) tokens.
 
@@ -433,6 +300,9 @@ class PatchEmbed(nn.Module):
 class VisionTransformer(nn.Module):
     """ViT. Build with a ViTConfig and/or keyword overrides: ``VisionTransformer(width=192, depth=12, ...)``."""
 
+    config: ViTConfig
+    pos_embed_fixed: torch.Tensor  # sincos_2d: the fixed (1, gh * gw, D) table, a non-persistent buffer
+
     def __init__(self, config: ViTConfig | None = None, **overrides: Any) -> None:
         super().__init__()
         cfg = replace_config(config, overrides) if config is not None else ViTConfig(**overrides)
@@ -442,12 +312,14 @@ class VisionTransformer(nn.Module):
         self.grid = cfg.grid()
 
         self.patch_embed = PatchEmbed(cfg)
-        self.cls_token = nn.Parameter(torch.zeros(1, 1, D)) if self.num_prefix_tokens else None
+        self.cls_token: nn.Parameter | None = nn.Parameter(torch.zeros(1, 1, D)) if self.num_prefix_tokens else None
         # absolute tables: one per block for "every_layer" (table l is added before block l, table 0 at the input),
         # else one (at the input, and for "every_layer_shared" before every block too); row 0 of a 1-D table is
         # the class token's
         tables = cfg.depth if cfg.pos_embed_where == "every_layer" else 1
-        self.pos_embed = self.pos_embed_x = self.pos_embed_y = None
+        self.pos_embed: nn.Parameter | None = None  # learned: (tables, prefix + gh * gw, D)
+        self.pos_embed_x: nn.Parameter | None = None  # learned_2d: (tables, gw, D/2), the first half of D
+        self.pos_embed_y: nn.Parameter | None = None  # learned_2d: (tables, gh, D/2), the second half
         if cfg.pos_embed == "learned":
             T = self.num_prefix_tokens + self.grid[0] * self.grid[1]
             self.pos_embed = nn.Parameter(torch.zeros(tables, T, D))
@@ -459,9 +331,11 @@ class VisionTransformer(nn.Module):
         self.pos_drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList([Block(cfg, p) for p in drop_path_rates(cfg.drop_path, cfg.depth)])
         self.norm = nn.LayerNorm(D, eps=cfg.ln_eps)
-        self.attn_pool = MAPHead(cfg) if cfg.classifier == "map" else None  # reads the normalised tokens
+        self.attn_pool: MAPHead | None = None  # reads the normalised tokens
+        if cfg.classifier == "map":
+            self.attn_pool = MAPHead(D, cfg.num_heads, cfg.mlp_dim, gelu=cfg.gelu, ln_eps=cfg.ln_eps)
         self.num_features = cfg.representation_size or D
-        self.pre_logits = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
+        self.pre_logits: nn.Linear | None = nn.Linear(D, cfg.representation_size) if cfg.representation_size else None
         self.head = zero_head(self.num_features, cfg.num_classes)
         self.init_weights()
 
@@ -469,16 +343,18 @@ class VisionTransformer(nn.Module):
     @torch.no_grad()
     def init_weights(self) -> None:
         """The official initialisation (vit_jax): see the module docstring of each piece."""
-        lecun_normal_(self.patch_embed.proj.weight)
-        nn.init.zeros_(self.patch_embed.proj.bias)
-        rel_tables = [blk.attn.rel_pos_embed for blk in self.blocks]
+        proj = self.patch_embed.proj
+        assert proj.bias is not None  # built with a bias
+        lecun_normal_(proj.weight)
+        nn.init.zeros_(proj.bias)
+        rel_tables = [blk.attn.rel_pos_embed for blk in self.typed_blocks()]
         for p in (self.pos_embed, self.pos_embed_x, self.pos_embed_y, *rel_tables):
             if p is not None:
                 nn.init.normal_(p, std=0.02)  # as the official code initialises its position embedding
         if self.cls_token is not None:
             nn.init.zeros_(self.cls_token)
         D = self.config.width
-        for blk in self.blocks:
+        for blk in self.typed_blocks():
             # q, k, v: xavier_uniform on each D x D kernel (Flax flattens (D, heads, hd)); zero biases
             for i in range(3):
                 nn.init.xavier_uniform_(blk.attn.qkv.weight[i * D : (i + 1) * D])
@@ -488,33 +364,26 @@ class VisionTransformer(nn.Module):
             for fc in (blk.mlp.fc1, blk.mlp.fc2):
                 nn.init.xavier_uniform_(fc.weight)
                 nn.init.normal_(fc.bias, std=1e-6)
-        if self.attn_pool is not None:  # as big_vision's MAPHead: xavier_uniform kernels and probe, zero biases
-            pool = self.attn_pool
-            bound = (6.0 / (1 + D)) ** 0.5  # Flax's xavier_uniform of a (1, 1, D) probe: fan_in 1, fan_out D
-            nn.init.uniform_(pool.latent, -bound, bound)
-            nn.init.xavier_uniform_(pool.q.weight)
-            for i in range(2):
-                nn.init.xavier_uniform_(pool.kv.weight[i * D : (i + 1) * D])
-            nn.init.xavier_uniform_(pool.proj.weight)
-            for lin in (pool.q, pool.kv, pool.proj):
-                nn.init.zeros_(lin.bias)
-            for fc in (pool.mlp.fc1, pool.mlp.fc2):
-                nn.init.xavier_uniform_(fc.weight)
-                nn.init.normal_(fc.bias, std=1e-6)
+        if self.attn_pool is not None:
+            self.attn_pool.init_weights()
         if self.pre_logits is not None:
             lecun_normal_(self.pre_logits.weight)
             nn.init.zeros_(self.pre_logits.bias)
+
+    def typed_blocks(self) -> list[Block]:
+        """The encoder blocks, typed (``self.blocks`` is the ModuleList of Block that __init__ builds)."""
+        return cast(list[Block], list(self.blocks))
 
     # ---------------------------------------------------------------------------------- position embedding
     def _pos_embed_for(self, grid: tuple[int, int]) -> torch.Tensor | None:
         """The absolute table(s) to add for a token grid (resampled if the grid differs): (tables, prefix + gh * gw,
         D), where tables is the depth for pos_embed_where="every_layer", else 1. None: no absolute table."""
         cfg = self.config
-        if cfg.pos_embed == "learned":
+        if self.pos_embed is not None:
             if grid == self.grid:
                 return self.pos_embed
             return resample_pos_embed(self.pos_embed, grid, self.grid, self.num_prefix_tokens)
-        if cfg.pos_embed == "learned_2d":
+        if self.pos_embed_x is not None and self.pos_embed_y is not None:
             x = resample_1d(self.pos_embed_x, grid[1])  # (tables, gw, D/2)
             y = resample_1d(self.pos_embed_y, grid[0])  # (tables, gh, D/2)
             table = torch.cat(
@@ -535,19 +404,21 @@ class VisionTransformer(nn.Module):
         cfg = self.config
         new_cfg = replace_config(cfg, {"img_size": img_size})
         grid = new_cfg.grid()
-        if cfg.pos_embed == "learned":
+        if self.pos_embed is not None:
             self.pos_embed = nn.Parameter(
                 resample_pos_embed(self.pos_embed.data, grid, self.grid, self.num_prefix_tokens, mode=mode)
             )
-        elif cfg.pos_embed == "learned_2d":
+        elif self.pos_embed_x is not None and self.pos_embed_y is not None:
             self.pos_embed_x = nn.Parameter(resample_1d(self.pos_embed_x.data, grid[1]))
             self.pos_embed_y = nn.Parameter(resample_1d(self.pos_embed_y.data, grid[0]))
         elif cfg.pos_embed == "sincos_2d":
             self.pos_embed_fixed = sincos_2d(grid, cfg.width)[None].to(self.norm.weight.device)
         elif cfg.relative_dims:
             shape = relative_table_shape(grid, cfg.relative_dims)
-            for blk in self.blocks:
-                blk.attn.rel_pos_embed = nn.Parameter(resample_relative(blk.attn.rel_pos_embed.data, shape))
+            for blk in self.typed_blocks():
+                table = blk.attn.rel_pos_embed
+                if table is not None:
+                    blk.attn.rel_pos_embed = nn.Parameter(resample_relative(table.data, shape, self.grid, grid))
         self.config, self.grid = new_cfg, grid
 
     def _relative_positions(self, grid: tuple[int, int], device: torch.device) -> RelativePositions | None:
@@ -556,7 +427,7 @@ class VisionTransformer(nn.Module):
         if not dims:
             return None
         index = relative_index(grid, dims, device)
-        return RelativePositions(index, relative_table_shape(grid, dims), self.num_prefix_tokens)
+        return RelativePositions(index, relative_table_shape(grid, dims), grid, self.grid, self.num_prefix_tokens)
 
     # ------------------------------------------------------------------------------------------- forward
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -611,7 +482,7 @@ class VisionTransformer(nn.Module):
         last = len(self.blocks) - 1
         # only when a backward pass will follow: recomputation needs the graph, and eval keeps nothing to save
         ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
-        for i, blk in enumerate(self.blocks):
+        for i, blk in enumerate(self.typed_blocks()):
             if i and layer_pos is not None:  # block 0's table was added at the input, before the dropout
                 x = x + layer_pos[i if len(layer_pos) > 1 else 0]
             if explicit:
@@ -639,12 +510,7 @@ class VisionTransformer(nn.Module):
 
     def pool(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, D) -> (B, D): the class token or first token, the mean of the patch tokens, or the MAP head."""
-        classifier = self.config.classifier
-        if classifier in ("token", "first"):
-            return x[:, 0]
-        if classifier == "map":
-            return self.attn_pool(x)[0]
-        return x[:, self.num_prefix_tokens :].mean(dim=1)
+        return pool_tokens(x, self.config.classifier, self.num_prefix_tokens, self.attn_pool)
 
     def _represent(self, pooled: torch.Tensor) -> torch.Tensor:
         """Pooled (B, D) -> the representation the head reads: pre-logits Dense + tanh, if the model has one."""
@@ -712,7 +578,8 @@ class VisionTransformer(nn.Module):
         names = {n for n in ("cls_token", "pos_embed", "pos_embed_x", "pos_embed_y") if getattr(self, n) is not None}
         if self.attn_pool is not None:  # the MAP head's probe is a learned token, as the class token is
             names.add("attn_pool.latent")
-        rel = {f"blocks.{i}.attn.rel_pos_embed" for i, b in enumerate(self.blocks) if b.attn.rel_pos_embed is not None}
+        blocks = self.typed_blocks()
+        rel = {f"blocks.{i}.attn.rel_pos_embed" for i, b in enumerate(blocks) if b.attn.rel_pos_embed is not None}
         return names | rel
 
     def num_params(self, trainable_only: bool = False) -> int:

@@ -1,0 +1,124 @@
+"""Multi-head self-attention of the ViT blocks: a fused (SDPA) and an explicit path that agree, and relative
+position attention (paper appendix D.4) with 1-D (raster-order) or 2-D (row, column) offsets.
+
+With a relative table each block's queries also attend to learned embeddings of the offset between patches:
+``rel_pos_embed`` holds a D-wide embedding per offset (see posemb.relative_table_shape), each head reads its own
+head_dim slice of it, as it does of a token's key, and these logits q_i . r_{j-i} are added to the content logits
+q_i . k_j before the softmax. The class token has no position: pairs involving it get no relative term.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .posemb import Grid, resample_relative
+
+ATTN_IMPLS = ("sdpa", "explicit")
+
+
+@dataclass(frozen=True)
+class RelativePositions:
+    """One call's token layout as relative position attention reads it; encode builds it once for all blocks."""
+
+    index: torch.Tensor  # (N, N) long: the offset-table row that query patch i and key patch j read
+    table_shape: tuple[int, ...]  # offset axes for this grid: (2N - 1,) or (2 gh - 1, 2 gw - 1)
+    grid: Grid  # this call's patch grid (gh, gw)
+    table_grid: Grid  # the grid the model's tables were built for: another grid's table is resampled from it
+    prefix: int  # tokens before the patches (the class token): pairs involving them get no relative term
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused qkv projection. q, k, v and out all have biases.
+
+    With ``rel_table`` (the offset axes of a token grid, see posemb.relative_table_shape) it is relative position
+    attention, ``rel_pos_embed`` its (*offsets, D) table of learned offset embeddings.
+    """
+
+    def __init__(
+        self,
+        dim: int,
+        num_heads: int,
+        attn_drop: float = 0.0,
+        proj_drop: float = 0.0,
+        rel_table: tuple[int, ...] | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.scale = self.head_dim**-0.5
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+        # (*offsets, D). In a class-token model the last block's table gets no gradient from the logits (the class
+        # token, the only query forward computes there, has no relative term), but it is no dead weight: every
+        # patch token's output reads it, and so do the losses on them (masked patch prediction, train/mpp.py),
+        # features (forward_features), attention maps and a 'gap' or 'map' head fine-tuned from the checkpoint.
+        self.rel_pos_embed: nn.Parameter | None = nn.Parameter(torch.zeros(*rel_table, dim)) if rel_table else None
+
+    def _qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        # unbind along the (B, N, 3, nh, hd) layout itself: in backward the three gradients are stacked straight
+        # into the qkv output's layout, where permuting first would cost an extra copy of them
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, nh, N, hd)
+
+    def _out(self, x: torch.Tensor) -> torch.Tensor:
+        B, _, N, _ = x.shape
+        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, -1)))
+
+    def _q_kv(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries of the first n tokens, keys and values of all: the qkv matmul split by rows of its weight."""
+        if type(self.qkv) is not nn.Linear:  # a wrapped projection (LoRA, quantised, ...): run it as it is
+            q, k, v = self._qkv(x)
+            return q[:, :, :n], k, v
+        B, N, C = x.shape
+        w, b = self.qkv.weight, self.qkv.bias
+        q = F.linear(x[:, :n], w[:C], b[:C]).reshape(B, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = F.linear(x, w[C:], b[C:]).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
+        return q, k.transpose(1, 2), v.transpose(1, 2)
+
+    def _relative_logits(self, q: torch.Tensor, rel: RelativePositions) -> torch.Tensor | None:
+        """The relative logits of queries of the first n tokens (B, nh, n, hd) against all T keys: (B, nh, n, T).
+
+        q comes scaled by 1/sqrt(hd), so the bias is scaled as the content logits are (SDPA scales q k^T but not
+        its mask). Rows and columns of the class token are zero; None when no query is a patch.
+        """
+        if self.rel_pos_embed is None:
+            raise RuntimeError("relative positions given to an attention layer without a relative table")
+        B, nh, n, hd = q.shape
+        qp = q[:, :, rel.prefix :]  # (B, nh, n_p, hd): the patch queries
+        n_p = qp.shape[2]
+        if n_p == 0:
+            return None
+        # another grid than the model's: a resampled table
+        table = resample_relative(self.rel_pos_embed, rel.table_shape, rel.table_grid, rel.grid)
+        table = table.reshape(-1, nh, hd).transpose(0, 1)  # (nh, E, hd), E offsets
+        logits = qp @ table.transpose(1, 2)  # (B, nh, n_p, E): each query against every offset's embedding
+        bias = logits.gather(-1, rel.index[:n_p].expand(B, nh, -1, -1))  # (B, nh, n_p, N): q_i . r_{j-i}
+        return F.pad(bias, (rel.prefix, 0, n - n_p, 0))  # (B, nh, n, T)
+
+    def forward(
+        self, x: torch.Tensor, out_tokens: int | None = None, rel: RelativePositions | None = None
+    ) -> torch.Tensor:
+        """(B, N, D) -> (B, N, D), or (B, out_tokens, D): the outputs of the first out_tokens tokens only."""
+        q, k, v = self._qkv(x) if out_tokens is None else self._q_kv(x, out_tokens)
+        bias = None if rel is None else self._relative_logits(q * self.scale, rel)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop if self.training else 0.0)
+        return self._out(x)
+
+    def forward_explicit(
+        self, x: torch.Tensor, rel: RelativePositions | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """softmax(q k^T / sqrt(d) [+ relative logits]) v written out; also returns the probabilities (B, nh, N, N)."""
+        q, k, v = self._qkv(x)
+        q = q * self.scale
+        logits = q @ k.transpose(-2, -1)  # (B, nh, N, N)
+        bias = None if rel is None else self._relative_logits(q, rel)
+        probs = (logits if bias is None else logits + bias).softmax(dim=-1)
+        attn = F.dropout(probs, self.attn_drop, self.training) if self.attn_drop else probs
+        return self._out(attn @ v), probs
