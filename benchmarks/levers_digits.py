@@ -30,7 +30,7 @@ ARMS = {
     "levers": [
         "data.randaugment_ops=2",
         "data.randaugment_magnitude=10",
-        "optim.mixup_alpha=0.2",
+        "data.mixup_alpha=0.2",
         "model.drop_path=0.1",
     ],
 }

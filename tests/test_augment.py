@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import pytest
+import scipy.stats
 import torch
 from test_train import stopped_and_resumed, tiny, weights
 
 from vitkit import ViTConfig
+from vitkit.data.augment import BatchAugment, cutmix_box
 from vitkit.errors import UserError
 from vitkit.train import Trainer, train
-from vitkit.train.augment import BatchAugment, cutmix_box
 from vitkit.train.config import config_from_dict
+from vitkit.train.engine import Classification
 
 K = 5
 
@@ -33,8 +38,54 @@ def test_mixup_targets_sum_to_one_and_match_the_pixels():
         rows = a != b
         lam = ((mixed[:, 0, 0, 0] - b) / (a - b))[rows]
         assert torch.allclose(lam, lam[0].expand_as(lam), atol=1e-5)  # one lambda per batch
-        expected = aug.soft_targets(y) * lam[0] + aug.soft_targets(y.flip(0)) * (1 - lam[0])
-        assert torch.allclose(t, expected, atol=1e-5)
+        lam0 = float(lam[0])
+        expected = smoothed(y, K, 0.1) * lam0 + smoothed(y.flip(0), K, 0.1) * (1 - lam0)
+        np.testing.assert_allclose(t.double().numpy(), expected, atol=1e-6)
+
+
+def smoothed(y: torch.Tensor, k: int, eps: float) -> np.ndarray:
+    """Label smoothing of hard labels, in float64: (1 - eps) on the label plus eps / K on every class."""
+    t = np.full((len(y), k), eps / k)
+    t[np.arange(len(y)), y.numpy()] += 1 - eps
+    return t
+
+
+def mixup_weights(alpha: float, draws: int) -> np.ndarray:
+    """The mixing weight of ``draws`` batches, read from the pixels: image 0 is 0 everywhere, image 1 is 1, so
+    mixed image 0 = lam * 0 + (1 - lam) * 1."""
+    x, y = torch.tensor([0.0, 1.0]).view(2, 1, 1, 1), torch.tensor([0, 1])
+    aug = BatchAugment(2, [0.0], [1.0], mixup_alpha=alpha)
+    torch.manual_seed(0)
+    return np.array([1 - float(aug(x, y)[0][0, 0, 0, 0]) for _ in range(draws)])
+
+
+@pytest.mark.parametrize("alpha", [0.4, 2.0])
+def test_the_mixup_weight_is_drawn_from_beta_alpha_alpha(alpha):
+    lam = mixup_weights(alpha, 4000)
+    n = len(lam)
+    # Beta(a, a): mean 1/2, variance 1 / (4 (2a + 1)), excess kurtosis -6 / (2a + 3); 4 standard errors allowed
+    var = 1 / (4 * (2 * alpha + 1))
+    m4 = (3 - 6 / (2 * alpha + 3)) * var**2
+    assert abs(lam.mean() - 0.5) < 4 * math.sqrt(var / n)
+    assert abs(lam.var() - var) < 4 * math.sqrt((m4 - var**2) / n)
+    # and the whole distribution, against scipy's Beta (seeded: the same draws every run)
+    assert scipy.stats.kstest(lam, scipy.stats.beta(alpha, alpha).cdf).pvalue > 1e-3
+
+
+def test_label_smoothing_of_hard_labels_matches_an_independent_computation():
+    eps, y = 0.1, torch.tensor([0, 3, 4, 1, 1, 2])
+    aug = BatchAugment(K, [0.0], [1.0], label_smoothing=eps)
+    np.testing.assert_allclose(aug.soft_targets(y).double().numpy(), smoothed(y, K, eps), atol=1e-7)
+    # the training loss smooths hard labels the same way, and does not smooth mixed (soft) targets again
+    logits = torch.randn(len(y), K, generator=torch.Generator().manual_seed(0))
+    log_p = torch.log_softmax(logits.double(), dim=1).numpy()
+    objective = Classification(eps)
+    hard = float(objective.loss(lambda _: logits, logits, y))
+    assert hard == pytest.approx(-(smoothed(y, K, eps) * log_p).sum(1).mean(), rel=1e-6)
+    soft = torch.from_numpy(smoothed(y.flip(0), K, 0.3)).float()
+    assert float(objective.loss(lambda _: logits, logits, soft)) == pytest.approx(
+        -(soft.double().numpy() * log_p).sum(1).mean(), rel=1e-6
+    )
 
 
 def test_cutmix_targets_match_the_pasted_box_area():
@@ -95,13 +146,13 @@ def test_randaugment_on_grey_images():
 
 def test_levers_are_off_by_default_and_checked(tmp_path):
     cfg = config_from_dict(tiny(tmp_path))
-    assert cfg.data.randaugment_ops == 0 and cfg.optim.mixup_alpha == 0 and cfg.optim.cutmix_alpha == 0
+    assert cfg.data.randaugment_ops == 0 and cfg.data.mixup_alpha == 0 and cfg.data.cutmix_alpha == 0
     assert cfg.run.tensorboard is False
-    for override in ("data.randaugment_ops=16", "data.randaugment_magnitude=30", "optim.mixup_alpha=-1"):
+    for override in ("data.randaugment_ops=16", "data.randaugment_magnitude=30", "data.mixup_alpha=-1"):
         with pytest.raises(UserError):
             Trainer(config_from_dict(tiny(tmp_path), [override])).close()
     with pytest.raises(UserError, match="objective"):
-        Trainer(config_from_dict(tiny(tmp_path), ["optim.mixup_alpha=0.2", "run.objective=mpp"])).close()
+        Trainer(config_from_dict(tiny(tmp_path), ["data.mixup_alpha=0.2", "run.objective=mpp"])).close()
 
 
 def test_missing_kornia_is_a_user_error(tmp_path, monkeypatch):
@@ -124,8 +175,11 @@ def every_lever(tmp_path) -> dict:
     return tiny(
         tmp_path,
         model=model,
-        data={"randaugment_ops": 2, "randaugment_magnitude": 12, "train_augment": "shift", "shift_pixels": 1},
-        optim={"mixup_alpha": 0.2, "cutmix_alpha": 1.0, "label_smoothing": 0.1, "batch_size": 16, "accum_steps": 2},
+        data={
+            **{"randaugment_ops": 2, "randaugment_magnitude": 12, "train_augment": "shift", "shift_pixels": 1},
+            **{"mixup_alpha": 0.2, "cutmix_alpha": 1.0},
+        },
+        optim={"label_smoothing": 0.1, "batch_size": 16, "accum_steps": 2},
         schedule={"steps": 6, "warmup_steps": 2},
     )
 

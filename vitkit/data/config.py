@@ -53,6 +53,9 @@ class DataConfig:
     crop_area_min: float = 0.05  # "inception_crop": smallest crop, as a fraction of the image area
     randaugment_ops: int = 0  # RandAugment (kornia) on the training device after decoding: ops per image; 0: off
     randaugment_magnitude: int = 10  # RandAugment strength on kornia's scale, 1 to 29 (30: each op's strongest)
+    mixup_alpha: float = 0.0  # mixup: images blended by a Beta(alpha, alpha) weight, one per batch; 0: off
+    cutmix_alpha: float = 0.0  # cutmix: a box pasted from another image, its share ~ Beta(alpha, alpha); 0: off
+    mixup_switch_prob: float = 0.5  # with mixup and cutmix both on: the chance that a batch uses cutmix
     eval_crop_fraction: float = 1.0  # evaluation: 1 = resize the whole image; < 1 = resize larger, centre-crop
     skip_corrupt: bool = False  # skip (and count) unreadable images instead of stopping with an error
     verify: bool = False  # decode every folder image when the dataset is built, to find corrupt files up front
@@ -93,6 +96,11 @@ class DataConfig:
             raise UserError(
                 f"data.randaugment_magnitude: expected 1 to 29 (kornia's scale), got {self.randaugment_magnitude}"
             )
+        for key in ("mixup_alpha", "cutmix_alpha"):
+            if not getattr(self, key) >= 0:
+                raise UserError(f"data.{key}: expected >= 0 (0: off), got {getattr(self, key)}")
+        if not 0 <= self.mixup_switch_prob <= 1:
+            raise UserError(f"data.mixup_switch_prob: expected a probability in [0, 1], got {self.mixup_switch_prob}")
         if self.num_workers < 0:
             raise UserError(f"data.num_workers: expected >= 0, got {self.num_workers}")
         chans = self.in_chans or 3

@@ -72,9 +72,6 @@ class OptimConfig:
     nesterov: bool = False  # sgd only: Nesterov momentum
     grad_clip: float = 1.0  # global grad-norm clip; 0 turns it off
     label_smoothing: float = 0.0  # cross-entropy label smoothing in [0, 1) (with mixup/cutmix: of the soft targets)
-    mixup_alpha: float = 0.0  # mixup: images blended by a Beta(alpha, alpha) weight, one per batch; 0: off
-    cutmix_alpha: float = 0.0  # cutmix: a box pasted from another image, its share ~ Beta(alpha, alpha); 0: off
-    mixup_switch_prob: float = 0.5  # with mixup and cutmix both on: the chance that a batch uses cutmix
     batch_size: int = 128  # images per optimizer step, over all ranks and micro-batches
     accum_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
     polyak: float = 0.0  # Polyak (EMA) averaging of the weights, e.g. 0.9999 as the paper; 0: off
@@ -88,10 +85,6 @@ class OptimConfig:
             raise UserError(f"optim.polyak={self.polyak}: expected a factor in [0, 1) (0 turns averaging off)")
         for key in ("lr", "weight_decay", "grad_clip"):
             _check_at_least(f"optim.{key}", getattr(self, key), 0)
-        for key in ("mixup_alpha", "cutmix_alpha"):
-            _check_at_least(f"optim.{key}", getattr(self, key), 0)
-        if not 0 <= self.mixup_switch_prob <= 1:
-            raise UserError(f"optim.mixup_switch_prob={self.mixup_switch_prob}: expected a probability in [0, 1]")
         if not 0 <= self.label_smoothing < 1:
             raise UserError(f"optim.label_smoothing={self.label_smoothing}: expected a value in [0, 1)")
         if self.batch_size < 1 or self.accum_steps < 1 or self.batch_size % self.accum_steps:

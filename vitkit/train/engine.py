@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader, Dataset
 from ..checkpoint.loader import Checkpoint
 from ..checkpoint.native import save_pretrained
 from ..data import DatasetInfo, TensorImageDataset, build_datasets
+from ..data.augment import build_augment
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..fast import bf16_is_fast
 from ..io import DirectoryLock, atomic_write_text, remove_stale_temp_files
@@ -46,7 +47,6 @@ from ..models import create_model
 from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
-from .augment import build_augment
 from .config import ScheduleConfig, TrainConfig, load_config
 from .finetune import default_steps, init_from_checkpoint, read_source
 from .metrics import MetricsLog, plot_metrics, topk_correct
@@ -292,7 +292,14 @@ class Trainer:
         source = read_source(cfg.run.init_from) if cfg.run.init_from else None  # read once: architecture, weights
         torch.manual_seed(mix_seed(cfg.run.seed, 0x1417))  # model init
         self.objective = build_objective(cfg, self.info)
-        self.augment = build_augment(cfg, self.info.num_classes, self.info.mean, self.info.std)
+        self.augment = build_augment(
+            cfg.data,
+            self.info.num_classes,
+            self.info.mean,
+            self.info.std,
+            label_smoothing=cfg.optim.label_smoothing,
+            objective=cfg.run.objective,
+        )
         self.model = build_model(cfg, self.info, source)
         self.init_report = None
         if source is not None:

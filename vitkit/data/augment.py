@@ -1,17 +1,19 @@
 """Batch augmentation on the training device, after decoding: RandAugment, then mixup / cutmix.
 
-``BatchAugment(cfg, info)`` maps a training micro-batch ``(x, y)`` (normalised images, integer labels) to the
-images and targets the loss sees. Each lever is off by default and independent:
+``build_augment(data_config, num_classes, mean, std, ...)`` builds the ``BatchAugment`` that maps a training
+micro-batch ``(x, y)`` (normalised images, integer labels) to the images and targets the loss sees.
+Each lever is off by default and independent:
 
 - RandAugment (``data.randaugment_ops``, ``data.randaugment_magnitude``): kornia's batched implementation, on
   [0, 1] pixels (the batch is un-normalised, augmented and normalised again). kornia draws one sequence of
   operations per call, so the batch is cut into up to ``RANDAUGMENT_GROUPS`` groups that each draw their own:
   images of one batch see different operations, at the cost of a few calls instead of one per image.
-- mixup / cutmix (``optim.mixup_alpha``, ``optim.cutmix_alpha``, ``optim.mixup_switch_prob``): one mixing
+- mixup / cutmix (``data.mixup_alpha``, ``data.cutmix_alpha``, ``data.mixup_switch_prob``): one mixing
   weight per batch drawn from Beta(alpha, alpha), each image mixed with its mirror in the batch (``x.flip(0)``),
   as timm does. With both on, a batch uses cutmix with probability ``mixup_switch_prob``. The targets are
-  soft: the label-smoothed one-hot vectors mixed in the proportion of the mixed pixels (for cutmix the pasted
-  box's area, after the box is clipped to the image), so they sum to 1 and match what the image shows.
+  soft: the label-smoothed (``optim.label_smoothing``) one-hot vectors mixed in the proportion of the mixed
+  pixels (for cutmix the pasted box's area, after the box is clipped to the image), so they sum to 1 and match
+  what the image shows.
 
 All randomness comes from torch's global RNG (kornia's too), which the engine seeds per (seed, step,
 micro-batch, rank) before the call: a resumed run draws exactly what an uninterrupted one did.
@@ -20,18 +22,19 @@ micro-batch, rank) before the call: a resumed run draws exactly what an uninterr
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
+from .config import DataConfig
 
 RANDAUGMENT_GROUPS = 16  # kornia picks one op sequence per call: this many calls per batch give images variety
 KORNIA_HINT = "pip install 'vitkit[augment]' (or pip install kornia)"
 
 
-def load_randaugment(num_ops: int, magnitude: int) -> Any:
+def load_randaugment(num_ops: int, magnitude: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """kornia's RandAugment(n=num_ops, m=magnitude), or a UserError with the install hint."""
     try:
         from kornia.augmentation.auto import RandAugment
@@ -59,7 +62,9 @@ class BatchAugment:
         self.num_classes = num_classes
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, -1, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, -1, 1, 1)
-        self.randaugment = load_randaugment(randaugment_ops, randaugment_magnitude) if randaugment_ops else None
+        self.randaugment: Callable[[torch.Tensor], torch.Tensor] | None = None
+        if randaugment_ops:
+            self.randaugment = load_randaugment(randaugment_ops, randaugment_magnitude)
         self.mixup_alpha, self.cutmix_alpha = mixup_alpha, cutmix_alpha
         self.switch_prob, self.label_smoothing = switch_prob, label_smoothing
 
@@ -80,13 +85,17 @@ class BatchAugment:
         return x, y
 
     def apply_randaugment(self, x: torch.Tensor) -> torch.Tensor:
+        """RandAugment on normalised images (B, C, H, W): un-normalised to [0, 1], augmented, normalised again."""
+        if self.randaugment is None:
+            return x
+        randaugment = self.randaugment
         mean, std = self.mean.to(x.device), self.std.to(x.device)
         pixels = (x.float() * std + mean).clamp(0, 1)
         channels = pixels.shape[1]
         if channels == 1:  # kornia's colour operations want RGB; grey in, grey out
             pixels = pixels.expand(-1, 3, -1, -1)
         groups = pixels.chunk(min(RANDAUGMENT_GROUPS, len(pixels)))
-        out = torch.cat([self.randaugment(g) for g in groups])
+        out = torch.cat([randaugment(g) for g in groups])
         if channels == 1:
             out = out.mean(dim=1, keepdim=True)
         return ((out - mean) / std).to(x.dtype)
@@ -129,22 +138,22 @@ def cutmix_box(
     return (y0, y1, x0, x1), 1 - (y1 - y0) * (x1 - x0) / (h * w)
 
 
-def build_augment(cfg: Any, num_classes: int, mean: list[float], std: list[float]) -> BatchAugment:
-    """The BatchAugment a TrainConfig asks for (its data and optim sections)."""
-    d, o = cfg.data, cfg.optim
-    if (o.mixup_alpha > 0 or o.cutmix_alpha > 0) and cfg.run.objective != "classification":
+def build_augment(
+    data: DataConfig, num_classes: int, mean: list[float], std: list[float], *, label_smoothing: float, objective: str
+) -> BatchAugment:
+    """The BatchAugment a run's data section asks for; ``label_smoothing`` (optim's) goes into mixed targets."""
+    if (data.mixup_alpha > 0 or data.cutmix_alpha > 0) and objective != "classification":
         raise UserError(
-            f"optim.mixup_alpha / optim.cutmix_alpha mix class labels; run.objective={cfg.run.objective} has none "
-            "(set both to 0)"
+            f"data.mixup_alpha / data.cutmix_alpha mix class labels; run.objective={objective} has none (set both to 0)"
         )
     return BatchAugment(
         num_classes,
         mean,
         std,
-        randaugment_ops=d.randaugment_ops,
-        randaugment_magnitude=d.randaugment_magnitude,
-        mixup_alpha=o.mixup_alpha,
-        cutmix_alpha=o.cutmix_alpha,
-        switch_prob=o.mixup_switch_prob,
-        label_smoothing=o.label_smoothing,
+        randaugment_ops=data.randaugment_ops,
+        randaugment_magnitude=data.randaugment_magnitude,
+        mixup_alpha=data.mixup_alpha,
+        cutmix_alpha=data.cutmix_alpha,
+        switch_prob=data.mixup_switch_prob,
+        label_smoothing=label_smoothing,
     )
