@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 from torch.utils.data import Dataset
 
 from ..errors import UserError
 from .cifar import load_cifar
-from .config import DataConfig, DatasetInfo
+from .config import DataConfig, DatasetInfo, SourceFields
 from .datasets import (
     ArrayImageDataset,
     ImageFolderDataset,
@@ -24,6 +26,8 @@ from .digits import CLASS_NAMES as DIGIT_NAMES
 from .digits import digits_to_unit_range, load_digits_arrays
 from .transforms import black_level, channel_stats, eval_transform, train_transform
 
+Transform = Callable[[Image.Image], torch.Tensor]  # a PIL image -> a normalised (C, H, W) tensor
+
 
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     """(train, eval, info) for ``cfg`` (resolved first: ``None`` fields take the source defaults).
@@ -33,6 +37,7 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     also offer whole-batch access (``.images``, ``.labels``, ``.augment_batch``).
     """
     cfg = cfg.resolve()
+    built: tuple[Dataset, Dataset, DatasetInfo]
     if cfg.source == "digits":
         built = build_digits(cfg)
     elif cfg.source == "synthetic":
@@ -61,23 +66,27 @@ def keep_fraction(train: Dataset, fraction: float, seed: int) -> Dataset:
     if isinstance(train, ImageFolderDataset):
         keep, _ = stratified_split([label for _, label in train.samples], 1 - fraction, seed)
         train.samples = [train.samples[i] for i in sorted(keep)]
-    else:  # images and labels held as tensors or arrays (digits, synthetic, cifar)
+    elif isinstance(train, (TensorImageDataset, ArrayImageDataset)):  # images and labels in memory
         keep, _ = stratified_split([int(label) for label in train.labels], 1 - fraction, seed)
         train.images, train.labels = train.images[sorted(keep)], train.labels[sorted(keep)]
+    else:
+        raise TypeError(f"keep_fraction: no images to subsample in a {type(train).__name__}")
     return train
 
 
 def _stats(cfg: DataConfig) -> tuple[list[float], list[float]]:
-    return channel_stats(cfg.mean, cfg.in_chans, "mean"), channel_stats(cfg.std, cfg.in_chans, "std")
+    chans = SourceFields.of(cfg).in_chans
+    return channel_stats(cfg.mean, chans, "mean"), channel_stats(cfg.std, chans, "std")
 
 
 def _info(cfg: DataConfig, class_names: list[str]) -> DatasetInfo:
     mean, std = _stats(cfg)
+    src = SourceFields.of(cfg)
     return DatasetInfo(
         num_classes=len(class_names),
         class_names=list(class_names),
-        in_chans=cfg.in_chans,
-        img_size=cfg.img_size,
+        in_chans=src.in_chans,
+        img_size=src.img_size,
         mean=mean,
         std=std,
         source=cfg.source,
@@ -85,26 +94,27 @@ def _info(cfg: DataConfig, class_names: list[str]) -> DatasetInfo:
     )
 
 
-def _transforms(cfg: DataConfig):
+def _transforms(cfg: DataConfig) -> tuple[Transform, Transform]:
     mean, std = _stats(cfg)
+    src = SourceFields.of(cfg)
     train = train_transform(
-        cfg.img_size,
+        src.img_size,
         mean,
         std,
-        augment=cfg.train_augment,
-        flip=cfg.flip,
+        augment=src.train_augment,
+        flip=src.flip,
         crop_area_min=cfg.crop_area_min,
-        shift_pixels=cfg.shift_pixels,
-        in_chans=cfg.in_chans,
+        shift_pixels=src.shift_pixels,
+        in_chans=src.in_chans,
     )
-    test = eval_transform(cfg.img_size, mean, std, crop_fraction=cfg.eval_crop_fraction, in_chans=cfg.in_chans)
+    test = eval_transform(src.img_size, mean, std, crop_fraction=cfg.eval_crop_fraction, in_chans=src.in_chans)
     return train, test
 
 
 def build_digits(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDataset, DatasetInfo]:
     """The embedded digits with their fixed 1,437 / 360 split (see ``vitkit.data.digits``)."""
     images, labels, test_mask = load_digits_arrays()
-    x = digits_to_unit_range(images, cfg.img_size)  # (N, 1, H, W)
+    x = digits_to_unit_range(images, SourceFields.of(cfg).img_size)  # (N, 1, H, W)
     train_idx, test_idx = np.flatnonzero(~test_mask).tolist(), np.flatnonzero(test_mask).tolist()
     return _in_memory(cfg, x, torch.from_numpy(labels), train_idx, test_idx, DIGIT_NAMES)
 
@@ -113,7 +123,8 @@ def build_synthetic(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDat
     """Random class templates plus noise (see ``synthetic_images``), split by val_fraction."""
     if cfg.val_fraction <= 0:
         raise UserError("data.val_fraction: the synthetic source needs a held-out fraction > 0")
-    x, labels = synthetic_images(cfg.synthetic_size, cfg.synthetic_classes, cfg.img_size, cfg.in_chans, cfg.split_seed)
+    src = SourceFields.of(cfg)
+    x, labels = synthetic_images(cfg.synthetic_size, cfg.synthetic_classes, src.img_size, src.in_chans, cfg.split_seed)
     train_idx, test_idx = stratified_split(labels.tolist(), cfg.val_fraction, cfg.split_seed)
     if not test_idx:
         raise UserError(
@@ -134,15 +145,16 @@ def _in_memory(
 ) -> tuple[TensorImageDataset, TensorImageDataset, DatasetInfo]:
     """Normalise images in [0, 1] (N, 1 or C, H, W), split them, and wrap both parts as tensor datasets."""
     mean, std = _stats(cfg)
-    x = images.expand(-1, cfg.in_chans, -1, -1) if images.shape[1] == 1 else images  # (N, C, H, W)
+    src = SourceFields.of(cfg)
+    x = images.expand(-1, src.in_chans, -1, -1) if images.shape[1] == 1 else images  # (N, C, H, W)
     x = (x - torch.tensor(mean).view(1, -1, 1, 1)) / torch.tensor(std).view(1, -1, 1, 1)
     fill = black_level(mean, std)  # what a shift exposes: black, like the digits' background
     train = TensorImageDataset(
         x[train_idx],
         labels[train_idx],
-        augment=cfg.train_augment,
-        flip=cfg.flip,
-        shift_pixels=cfg.shift_pixels,
+        augment=src.train_augment,
+        flip=src.flip,
+        shift_pixels=src.shift_pixels,
         crop_area_min=cfg.crop_area_min,
         fill=fill,
     )
@@ -150,28 +162,35 @@ def _in_memory(
     return train, test, _info(cfg, class_names)
 
 
+def _root(cfg: DataConfig) -> str:
+    if not cfg.root:  # DataConfig.validate() requires it of the sources that read files
+        raise UserError(f"data.root: required for source {cfg.source!r} (the directory holding the data)")
+    return cfg.root
+
+
 def build_cifar(cfg: DataConfig) -> tuple[ArrayImageDataset, ArrayImageDataset, DatasetInfo]:
     """The standard train / test batches; ``val_root`` and ``val_fraction`` do not apply."""
-    data = load_cifar(cfg.root, cfg.source)
+    data = load_cifar(_root(cfg), cfg.source)
     train_tf, test_tf = _transforms(cfg)
-    train = ArrayImageDataset(*data["train"], transform=train_tf)
-    test = ArrayImageDataset(*data["test"], transform=test_tf)
+    train = ArrayImageDataset(data["train"][0], data["train"][1], transform=train_tf)
+    test = ArrayImageDataset(data["test"][0], data["test"][1], transform=test_tf)
     return train, test, _info(cfg, data["class_names"])
 
 
 def build_folder(cfg: DataConfig) -> tuple[ImageFolderDataset, ImageFolderDataset, DatasetInfo]:
     """``root/<class>/<images>``; evaluation on ``val_root`` or on a stratified ``val_fraction`` of root."""
-    class_names, samples = scan_image_folder(cfg.root)
+    root = _root(cfg)
+    class_names, samples = scan_image_folder(root)
     if cfg.val_root:
         _, eval_samples = scan_image_folder(cfg.val_root, class_names)
         train_samples = samples
     else:
         if cfg.val_fraction <= 0:
-            raise UserError(f"{cfg.root}: set data.val_root or a data.val_fraction > 0 to have evaluation images")
+            raise UserError(f"{root}: set data.val_root or a data.val_fraction > 0 to have evaluation images")
         train_idx, eval_idx = stratified_split([label for _, label in samples], cfg.val_fraction, cfg.split_seed)
         if not eval_idx:
             raise UserError(
-                f"{Path(cfg.root)}: too few images to hold out {cfg.val_fraction:.0%} for evaluation "
+                f"{Path(root)}: too few images to hold out {cfg.val_fraction:.0%} for evaluation "
                 "(every class keeps at least one training image); add images or set data.val_root"
             )
         train_samples, eval_samples = [samples[i] for i in train_idx], [samples[i] for i in eval_idx]

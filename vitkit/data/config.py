@@ -119,6 +119,26 @@ class DataConfig:
         return cls(**d)
 
 
+@dataclass(frozen=True)
+class SourceFields:
+    """The fields a source fills in (SOURCE_DEFAULTS) as a resolved DataConfig holds them: never None."""
+
+    img_size: int
+    in_chans: int
+    train_augment: str
+    flip: bool
+    shift_pixels: int
+
+    @classmethod
+    def of(cls, cfg: DataConfig) -> SourceFields:
+        """The fields of a config returned by DataConfig.resolve(); one still None is a bug of the caller."""
+        values = {f.name: getattr(cfg, f.name) for f in fields(cls)}
+        unresolved = sorted(k for k, v in values.items() if v is None)
+        if unresolved:
+            raise RuntimeError(f"DataConfig fields {unresolved} are unresolved: call DataConfig.resolve() first")
+        return cls(**values)
+
+
 @dataclass
 class DatasetInfo:
     """What a model trained on the data needs to know: saved as checkpoint metadata, used to preprocess.

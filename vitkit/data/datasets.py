@@ -244,12 +244,13 @@ def stratified_split(labels: Sequence[int], fraction: float, seed: int = 0) -> t
             quota[c] += 1
             missing -= 1
     gen = torch.Generator().manual_seed(seed)
-    train, held_out = [], []
+    train: list[int] = []
+    held_out: list[int] = []
     for c in classes:
         members = torch.nonzero(labels_t == c).flatten()
-        members = members[torch.randperm(len(members), generator=gen)].tolist()
-        held_out += members[: quota[c]]
-        train += members[quota[c] :]
+        order: list[int] = members[torch.randperm(len(members), generator=gen)].tolist()
+        held_out += order[: quota[c]]
+        train += order[quota[c] :]
     return sorted(train), sorted(held_out)
 
 

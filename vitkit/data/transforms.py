@@ -45,8 +45,7 @@ def load_image(path: str | Path) -> Image.Image:
     try:
         with Image.open(path) as img:
             img.load()  # decode now: a truncated file fails here, not later inside a DataLoader worker
-            img = ImageOps.exif_transpose(img)
-            return to_rgb(img)
+            return to_rgb(ImageOps.exif_transpose(img))
     except FileNotFoundError:
         raise UserFileNotFoundError(f"{path}: image file not found") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
