@@ -6,7 +6,7 @@
 
 Pooling (``classifier``): the class token ("token", vit_jax and big_vision's pool_type 'tok'), the mean of the
 patch tokens ("gap"), big_vision's multi-head attention pooling ("map": a learned probe attends to the encoded
-tokens, see MAPHead) or the first token of a model without a class token ("first": big_vision's pool_type '0').
+tokens, see heads.MAPHead) or the first token of a model without a class token ("first": big_vision's pool_type '0').
 
 Defaults follow the official code: LayerNorm eps 1e-6, tanh-approximated GELU, the official initialisation,
 a zero-initialised head. Parameter names follow timm's VisionTransformer, so its state dicts map one to one.
@@ -16,6 +16,9 @@ Position information, as ablated in the paper's Table 8 (appendix D.4): an absol
 block, ``pos_embed`` of shape (depth, N, D), or one table shared by all blocks); none; or relative position
 attention (``pos_embed="relative"`` / ``"relative_2d"``), where no table is added to the tokens and each block's
 queries also attend to learned embeddings of the offset between patches, as a bias on the attention logits.
+
+The pieces live beside this file: attention.py (self-attention, fused and explicit, with relative positions),
+heads.py (what the classifier reads of the tokens), posemb.py (position tables and their resampling).
 """
 
 from __future__ import annotations
