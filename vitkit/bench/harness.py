@@ -36,6 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import autocast, cpu_model_name
 from ..errors import UserError
 from ..fast import COMPILE_MODES, compile_for_inference, cpu_allocator_tuned
 from ..io import atomic_write_text
@@ -54,7 +55,7 @@ RATIO_FIELDS = ("median", "low", "high", "q1", "q3", "n", "confidence")
 PARITY_TOL = {"fp32": 1e-4, "bf16-autocast": 5e-2, "bf16": 5e-2}  # max |a - b| / max(1, max |ref|)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BenchConfig:
     """One benchmark: a registered model (plus config overrides) at one shape, dtype, attention and compile mode."""
 
@@ -84,7 +85,7 @@ class BenchConfig:
         ):
             if value not in allowed:
                 raise UserError(f"bench {name}={value!r}: expected one of {allowed}")
-        self.compare = tuple(self.compare)
+        object.__setattr__(self, "compare", tuple(self.compare))  # a list given: kept as a tuple, as declared
         for peer in self.compare:
             if peer not in PEERS:
                 raise UserError(f"bench compare={peer!r}: expected one of {PEERS}")
@@ -207,10 +208,8 @@ def _sync(device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- runners
-def _autocast(cfg: BenchConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    if cfg.dtype == "bf16-autocast":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def _autocast(cfg: BenchConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    return autocast(device, "bf16" if cfg.dtype == "bf16-autocast" else "none")
 
 
 def _param_dtype(cfg: BenchConfig) -> torch.dtype:
@@ -556,6 +555,5 @@ def environment(device: torch.device) -> dict[str, Any]:
     with contextlib.suppress(OSError, AttributeError):
         env["load_avg"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
     if device.type == "cpu":
-        with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
-            env["device"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        env["device"] = cpu_model_name() or env["device"]
     return env

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
+from ..pixels import unnormalise
 
 RANDAUGMENT_GROUPS = 16  # kornia picks one op sequence per call: this many calls per batch give images variety
 KORNIA_HINT = "pip install 'vitkit[augment]' (or pip install kornia)"
@@ -81,7 +82,7 @@ class BatchAugment:
 
     def apply_randaugment(self, x: torch.Tensor) -> torch.Tensor:
         mean, std = self.mean.to(x.device), self.std.to(x.device)
-        pixels = (x.float() * std + mean).clamp(0, 1)
+        pixels = unnormalise(x, mean, std)
         channels = pixels.shape[1]
         if channels == 1:  # kornia's colour operations want RGB; grey in, grey out
             pixels = pixels.expand(-1, 3, -1, -1)

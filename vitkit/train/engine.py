@@ -39,8 +39,9 @@ from torch.utils.data import DataLoader, Dataset
 from ..checkpoint.loader import Checkpoint
 from ..checkpoint.native import save_pretrained
 from ..data import DatasetInfo, TensorImageDataset, build_datasets
+from ..device import autocast, bf16_is_fast
 from ..errors import ConfigError, UserError, UserFileNotFoundError
-from ..fast import bf16_is_fast
+from ..evaluate.loop import batches, evaluating
 from ..io import DirectoryLock, atomic_write_text, remove_stale_temp_files
 from ..models import create_model
 from ..models.common import check_fields
@@ -137,44 +138,24 @@ def build_model(cfg: TrainConfig, info: DatasetInfo, source: Checkpoint | None =
 
 
 # ------------------------------------------------------------------------------------------- evaluation
-def _autocast(device: torch.device, amp: str):
-    if amp == "none":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-
-
-@torch.no_grad()
 def evaluate(
     model: nn.Module,
-    dataset: Dataset,
+    dataset: Dataset[Any],
     device: torch.device | str = "cpu",
     batch_size: int = 512,
     amp: str = "none",
     num_workers: int = 0,
 ) -> dict[str, float]:
     """Top-1, top-5 (capped at the class count) and mean cross-entropy of model on dataset."""
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    if isinstance(dataset, TensorImageDataset):  # in memory: slice the tensors, no per-item overhead
-        batches: Any = (
-            (dataset.images[i : i + batch_size], dataset.labels[i : i + batch_size])
-            for i in range(0, len(dataset), batch_size)
-        )
-    else:
-        batches = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
     loss_sum, top1, top5, n = 0.0, 0, 0, 0
-    for x, y in batches:
-        x, y = x.to(device, non_blocking=True), torch.as_tensor(y).to(device, non_blocking=True)
-        with _autocast(device, amp):
-            logits = model(x)
-        logits = logits.float()
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        c1, c5 = topk_correct(logits, y, (1, 5))
-        top1, top5, n = top1 + c1, top5 + c5, n + len(y)
-    model.train(was_training)
-    if n == 0:
-        raise UserError("the evaluation set is empty")
+    with evaluating(model):
+        for x, y in batches(dataset, batch_size, device, num_workers=num_workers):
+            with autocast(x.device, amp):
+                logits = model(x)
+            logits = logits.float()
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            c1, c5 = topk_correct(logits, y, (1, 5))
+            top1, top5, n = top1 + c1, top5 + c5, n + len(y)
     return {"eval_loss": loss_sum / n, "eval_top1": top1 / n, "eval_top5": top5 / n, "eval_images": n}
 
 
@@ -440,7 +421,7 @@ class Trainer:
             last = micro == accum - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:
-                with _autocast(self.device, cfg.run.amp):
+                with autocast(self.device, cfg.run.amp):
                     loss = self.objective.loss(self.train_model, x, y)
                 self.scaler.scale(loss / accum).backward()
             loss_sum += loss.detach()

@@ -27,18 +27,20 @@ every loader to drop them (``drop_on_load``): fine-tuning, few-shot evaluation a
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from ..data import DatasetInfo, TensorImageDataset
+from ..data import DatasetInfo
+from ..device import autocast
 from ..errors import UserError
+from ..evaluate.loop import batches, evaluating
 from ..models.common import count_params
+from ..pixels import patches_of, unnormalise
 from .config import MPPConfig
 from .sampling import mix_seed
 
@@ -86,16 +88,6 @@ def corrupt(tokens: torch.Tensor, kind: torch.Tensor, source: torch.Tensor, mask
 
 
 # ------------------------------------------------------------------------------------------------- targets
-def patches_of(images: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor:
-    """(B, C, H, W) -> (B, N, C, ph, pw) in the token order of the patch embedding (row-major); a border that
-    does not fill a patch is dropped, as the patch embedding drops it."""
-    B, C, H, W = images.shape
-    ph, pw = patch
-    gh, gw = H // ph, W // pw
-    x = images[:, :, : gh * ph, : gw * pw].reshape(B, C, gh, ph, gw, pw)
-    return x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C, ph, pw)
-
-
 def colour_classes(pixels: torch.Tensor, bits: int) -> torch.Tensor:
     """Pixels in [0, 1] (..., C, h, w) -> the class of their mean colour (...,): each channel's mean quantised to
     ``bits`` bits, channel 0 the most significant digit (2^(bits x C) classes)."""
@@ -134,18 +126,12 @@ class Targets:
 
     def __init__(self, cfg: MPPConfig, mean: list[float], std: list[float], patch: tuple[int, int]) -> None:
         self.cfg, self.patch = cfg, patch
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)  # (C, 1, 1), [0, 1] pixel units
-        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
-
-    def unnormalise(self, patches: torch.Tensor) -> torch.Tensor:
-        """Normalised (..., C, h, w) -> pixels in [0, 1] (the data's normalisation undone)."""
-        mean, std = self.mean.to(patches.device), self.std.to(patches.device)
-        return (patches.float() * std + mean).clamp(0, 1)
+        self.mean, self.std = list(mean), list(std)  # per channel, [0, 1] pixel units
 
     def colours(self, patches: torch.Tensor) -> torch.Tensor:
         """Normalised patches (..., C, ph, pw) -> colour classes: (...,) for color and pixels, (..., grid^2) for
         color_grid."""
-        pixels = self.unnormalise(patches)
+        pixels = unnormalise(patches, self.mean, self.std)
         if self.cfg.target == "color_grid":
             pixels = grid_cells(pixels, self.cfg.grid)
         return colour_classes(pixels, self.cfg.bits)
@@ -271,11 +257,10 @@ class MaskedPatchPrediction:
             hit = pred.argmax(dim=-1) == target
         return int(hit.sum()), hit.numel()
 
-    @torch.no_grad()
     def evaluate(
         self,
         model: nn.Module,
-        dataset: Dataset,
+        dataset: Dataset[Any],
         device: torch.device | str = "cpu",
         batch_size: int = 512,
         amp: str = "none",
@@ -283,27 +268,15 @@ class MaskedPatchPrediction:
     ) -> dict[str, float]:
         """Mean MPP loss (per corrupted patch) and colour accuracy on dataset, under one fixed corruption per run
         (a generator seeded by the run's seed), so that evaluations at different steps score the same task."""
-        device = torch.device(device)
-        was_training = model.training
-        model.eval()
         generator = torch.Generator(device=device).manual_seed(mix_seed(self.seed, 0x3E7A1))
-        if isinstance(dataset, TensorImageDataset):
-            batches: Any = (dataset.images[i : i + batch_size] for i in range(0, len(dataset), batch_size))
-        else:
-            loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
-            batches = (x for x, _ in loader)
         loss_sum, right, total, patches, images = 0.0, 0, 0, 0, 0
-        for x in batches:
-            x = x.to(device)
-            dtype = torch.bfloat16 if amp == "bf16" else torch.float16
-            with contextlib.nullcontext() if amp == "none" else torch.autocast(device.type, dtype=dtype):
-                pred, target, _ = self.outputs(model, x, generator)
-            loss_sum += float(self.criterion(pred, target)) * len(pred)
-            r, t = self.correct(pred, target)
-            right, total, patches, images = right + r, total + t, patches + len(pred), images + len(x)
-        model.train(was_training)
-        if images == 0:
-            raise UserError("the evaluation set is empty")
+        with evaluating(model):
+            for x, _ in batches(dataset, batch_size, device, num_workers=num_workers):
+                with autocast(x.device, amp):
+                    pred, target, _ = self.outputs(model, x, generator)
+                loss_sum += float(self.criterion(pred, target)) * len(pred)
+                r, t = self.correct(pred, target)
+                right, total, patches, images = right + r, total + t, patches + len(pred), images + len(x)
         return {"eval_mpp_loss": loss_sum / patches, "eval_mpp_acc": right / total, "eval_images": images}
 
     def export(self, model: MPPModel) -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, Any]]:
