@@ -40,7 +40,7 @@ from ..device import autocast, cpu_model_name
 from ..errors import UserError
 from ..fast import COMPILE_MODES, compile_for_inference, cpu_allocator_tuned
 from ..io import atomic_write_text
-from ..models import MODELS, create_model
+from ..models import MODELS, BiTConfig, ResNetConfig, ViTConfig, create_model
 from .flops import model_flops
 from .memory import find_max_batch, format_bytes, measure_step_memory, memory_method, parse_bytes, resident_bytes
 from .stats import RatioStats, load_average, load_warnings, paired_ratio_stats, settled
@@ -322,6 +322,13 @@ def build_model(cfg: BenchConfig, device: torch.device) -> nn.Module:
     return model.to(device=device, dtype=_param_dtype(cfg))
 
 
+def _inputs_and_classes(model: nn.Module) -> tuple[int, int]:
+    """(input channels, classes) of a registered model, from its config."""
+    config = model.config
+    assert isinstance(config, (ViTConfig, ResNetConfig, BiTConfig)), f"not a registered model: {type(model)}"
+    return config.in_chans, max(config.num_classes, 1)
+
+
 def run_bench(
     cfg: BenchConfig,
     log: Callable[[str], None] = lambda s: None,
@@ -339,9 +346,10 @@ def run_bench(
     modes = tuple(compile_modes or (cfg.compile,))
     model = build_model(cfg, device)
     torch.manual_seed(1)
-    x = torch.randn(cfg.batch_size, model.config.in_chans, cfg.img_size, cfg.img_size, device=device)
+    in_chans, classes = _inputs_and_classes(model)
+    x = torch.randn(cfg.batch_size, in_chans, cfg.img_size, cfg.img_size, device=device)
     x = x.to(_param_dtype(cfg))
-    y = torch.randint(0, max(model.config.num_classes, 1), (cfg.batch_size,), device=device)
+    y = torch.randint(0, classes, (cfg.batch_size,), device=device)
     builders = {**({"hf": hf_peer} if "hf" in cfg.compare else {}), **(extra_peers or {})}
     peers = {name: build(model) for name, build in builders.items()}
     parity = check_parity(model, peers, x, cfg, log)
@@ -506,9 +514,11 @@ def estimate_max_batch(
     resident = resident_bytes(model, cfg.mode)
     out = {"budget": cfg.memory_budget, "budget_bytes": budget, "resident_bytes": resident}
 
+    in_chans, classes = _inputs_and_classes(model)
+
     def step_memory(batch: int) -> int | None:
-        xb = torch.randn(batch, model.config.in_chans, cfg.img_size, cfg.img_size, device=device)
-        yb = torch.randint(0, max(model.config.num_classes, 1), (batch,), device=device)
+        xb = torch.randn(batch, in_chans, cfg.img_size, cfg.img_size, device=device)
+        yb = torch.randint(0, classes, (batch,), device=device)
         step = make_step(model, cfg, xb.to(_param_dtype(cfg)), yb, device)
         step()  # warm-up: optimizer state, compiled kernels
         return measure_step_memory(step, device, reset_cpu_peak=True)

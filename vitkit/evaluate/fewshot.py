@@ -178,11 +178,14 @@ def extract_features(
 
     Works for any model with forward_features / forward_head(pre_logits=True): ViTs and the ResNet baseline.
     """
+    forward_features, forward_head = getattr(model, "forward_features", None), getattr(model, "forward_head", None)
+    if not callable(forward_features) or not callable(forward_head):
+        raise UserError(f"few-shot: {type(model).__name__} has no forward_features / forward_head(pre_logits=True)")
     weight = next(model.parameters())
     feats, labels = [], []
     with evaluating(model):
         for x, y in batches(data, batch_size, weight.device if device is None else device, weight.dtype):
-            feats.append(model.forward_head(model.forward_features(x), pre_logits=True).float().cpu())  # (B, d)
+            feats.append(forward_head(forward_features(x), pre_logits=True).float().cpu())  # (B, d)
             labels.append(y.long().cpu())
     return torch.cat(feats), torch.cat(labels)
 

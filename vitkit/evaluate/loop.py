@@ -38,20 +38,27 @@ def evaluating(model: nn.Module) -> Iterator[nn.Module]:
         model.train(was_training)
 
 
-def _in_memory(data: Data) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(images, labels) when data holds them as two tensors: a pair, or a data set whose items are the rows of its
-    ``images`` and ``labels`` tensors (vitkit.data.TensorImageDataset); sliced, they need no per-item work."""
-    if isinstance(data, (tuple, list)):
-        if len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-            images, labels = data
-            if len(images) != len(labels):
-                raise UserError(f"{len(images)} images but {len(labels)} labels")
-            return images, labels
+def _pair(data: tuple[torch.Tensor, torch.Tensor] | list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    if len(data) != 2 or not all(isinstance(t, torch.Tensor) for t in data):
         raise UserError(f"expected a data set, a DataLoader or a pair (images, labels) of tensors, got {type(data)}")
+    images, labels = data
+    if len(images) != len(labels):
+        raise UserError(f"{len(images)} images but {len(labels)} labels")
+    return images, labels
+
+
+def _in_memory(data: Dataset[Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(images, labels) of a data set whose items are the rows of its ``images`` and ``labels`` tensors
+    (vitkit.data.TensorImageDataset): sliced, they need no per-item work."""
     images, labels = getattr(data, "images", None), getattr(data, "labels", None)
-    if isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor) and not isinstance(data, DataLoader):
+    if isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor):
         return images, labels
     return None
+
+
+def _slices(images: torch.Tensor, labels: torch.Tensor, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    for i in range(0, len(images), batch_size):
+        yield images[i : i + batch_size], labels[i : i + batch_size]
 
 
 def batches(
@@ -65,12 +72,12 @@ def batches(
     read as it is. An empty data set is a UserError, raised once the loop finds nothing to read."""
     device = torch.device(device)
     source: Iterable[Any]
-    tensors = _in_memory(data)
-    if tensors is not None:
-        images, labels = tensors
-        source = ((images[i : i + batch_size], labels[i : i + batch_size]) for i in range(0, len(images), batch_size))
-    elif isinstance(data, DataLoader):
+    if isinstance(data, DataLoader):
         source = data
+    elif isinstance(data, (tuple, list)):
+        source = _slices(*_pair(data), batch_size)
+    elif (tensors := _in_memory(data)) is not None:
+        source = _slices(*tensors, batch_size)
     else:
         source = DataLoader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
     empty = True

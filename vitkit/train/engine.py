@@ -25,10 +25,10 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,7 @@ from ..device import autocast, bf16_is_fast
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..evaluate.loop import batches, evaluating
 from ..io import DirectoryLock, atomic_write_text, remove_stale_temp_files
-from ..models import create_model
+from ..models import count_params, create_model
 from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
@@ -103,6 +103,12 @@ class TrainResult:
     metrics: dict[str, float] = field(default_factory=dict)  # the final evaluation
     wall_s: float = 0.0
     num_params: int = 0
+
+
+def _size(dataset: Dataset[Any]) -> int:
+    if not isinstance(dataset, Sized):
+        raise UserError(f"a {type(dataset).__name__} has no length: training needs data sets of known size")
+    return len(dataset)
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -259,7 +265,7 @@ class Trainer:
         self.train_ds, self.eval_ds, self.info = build_datasets(cfg.data)
         o = cfg.optim
         self.plan = StepPlan(
-            len(self.train_ds), o.batch_size, o.accum_steps, self.dist.world_size, self.dist.rank, cfg.run.seed
+            _size(self.train_ds), o.batch_size, o.accum_steps, self.dist.world_size, self.dist.rank, cfg.run.seed
         )
         self.total_steps = self._run_length()
         self.schedule = self._schedule()
@@ -290,7 +296,7 @@ class Trainer:
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.train_model: nn.Module = self.ddp or self.model
         if cfg.run.compile:
-            self.train_model = torch.compile(self.train_model)
+            self.train_model = cast(nn.Module, torch.compile(self.train_model))  # an OptimizedModule
 
         self.run_dir = self._prepare_run_dir()
         self.state_path = self.run_dir / STATE_NAME
@@ -333,7 +339,7 @@ class Trainer:
         if s.epochs is not None:
             return math.ceil(s.epochs * plan.steps_per_epoch)
         if self.cfg.run.init_from:
-            return default_steps(len(self.train_ds), self.cfg.optim.batch_size)
+            return default_steps(_size(self.train_ds), self.cfg.optim.batch_size)
         return math.ceil(DEFAULT_EPOCHS * plan.steps_per_epoch)
 
     def _schedule(self) -> ScheduleConfig:
@@ -386,7 +392,8 @@ class Trainer:
         if isinstance(ds, TensorImageDataset):  # in memory: vectorised augmentation, no DataLoader
             shard = plan.micro_batch_size // plan.world_size
             rows = slice(plan.rank * shard, (plan.rank + 1) * shard)
-            epoch, perm = -1, None
+            epoch = start_step // plan.steps_per_epoch
+            perm = plan.permutation(epoch)
             for step in range(start_step, self.total_steps):
                 if step // plan.steps_per_epoch != epoch:
                     epoch = step // plan.steps_per_epoch
@@ -487,11 +494,12 @@ class Trainer:
             self.save()
         if progress is not None:
             progress.close()
-        name = signal.Signals(self._signal).name
+        signum = self._signal
+        assert signum is not None, "called once a signal asked to stop"
         raise TrainingInterrupted(
-            f"{name} at step {self.step} of {self.total_steps}: saved {self.state_path}; continue with the same "
-            "config and run.resume=true",
-            self._signal,
+            f"{signal.Signals(signum).name} at step {self.step} of {self.total_steps}: saved {self.state_path}; "
+            "continue with the same config and run.resume=true",
+            signum,
         )
 
     @contextlib.contextmanager
@@ -584,9 +592,9 @@ class Trainer:
         show = self.cfg.run.progress and self.dist.is_main
         if self.dist.is_main:
             where = f"resuming at step {self.step}" if self.step else "starting"
-            sizes = f"{len(self.train_ds)} train / {len(self.eval_ds)} eval images"
+            sizes = f"{_size(self.train_ds)} train / {_size(self.eval_ds)} eval images"
             print(
-                f"{self.run_dir}: {where}; {self.model.num_params():,} params, {self.total_steps} steps of "
+                f"{self.run_dir}: {where}; {count_params(self.model):,} params, {self.total_steps} steps of "
                 f"{self.cfg.optim.batch_size} images, {sizes}"
             )
             if self.init_report:
@@ -607,7 +615,7 @@ class Trainer:
         if self.dist.is_main and self.cfg.run.plots:
             smoothing = self.cfg.optim.label_smoothing if self.cfg.run.objective == "classification" else 0.0
             plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=smoothing)
-        return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, self.model.num_params())
+        return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, count_params(self.model))
 
     def close(self) -> None:
         """Leave the process group, restore torch's thread count and release the run directory."""

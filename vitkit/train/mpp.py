@@ -39,7 +39,8 @@ from ..data import DatasetInfo
 from ..device import autocast
 from ..errors import UserError
 from ..evaluate.loop import batches, evaluating
-from ..models.common import count_params
+from ..models import VisionTransformer
+from ..models.common import as_pair, count_params
 from ..pixels import patches_of, unnormalise
 from .config import MPPConfig
 from .sampling import mix_seed
@@ -168,12 +169,12 @@ class MPPModel(nn.Module):
 
     def __init__(self, vit: nn.Module, cfg: MPPConfig) -> None:
         super().__init__()
-        vcfg = vit.config
-        if getattr(vcfg, "arch", None) != "vit":
-            arch = getattr(vcfg, "arch", type(vit).__name__)
+        if not isinstance(vit, VisionTransformer):
+            arch = getattr(getattr(vit, "config", None), "arch", type(vit).__name__)
             raise UserError(f"run.objective=mpp: needs a ViT, got a {arch!r} model")
+        vcfg = vit.config
         self.patch = vcfg.stride  # input pixels per token, hybrids included
-        h, w = vcfg.img_size
+        h, w = as_pair("ViTConfig", "img_size", vcfg.img_size)
         if tuple(vit.grid) != (h // self.patch[0], w // self.patch[1]):
             raise UserError(
                 f"run.objective=mpp: the {vit.grid} token grid does not tile the {vcfg.img_size} image in "
@@ -183,7 +184,8 @@ class MPPModel(nn.Module):
             raise UserError(f"mpp.grid={cfg.grid}: does not divide the {self.patch} pixel patches (target color_grid)")
         if cfg.random_share > 0 and vit.grid[0] * vit.grid[1] < 2:
             raise UserError("mpp.random_share > 0 needs at least two patches per image to replace one by another")
-        self.vit, self.cfg = vit, cfg
+        self.vit: VisionTransformer = vit
+        self.cfg = cfg
         self.mpp = MPPHead(vcfg.width, output_dim(cfg, vcfg.in_chans, self.patch))
         for name, p in vit.named_parameters():
             if not name.startswith(TOKEN_PATH):
@@ -279,9 +281,10 @@ class MaskedPatchPrediction:
                 right, total, patches, images = right + r, total + t, patches + len(pred), images + len(x)
         return {"eval_mpp_loss": loss_sum / patches, "eval_mpp_acc": right / total, "eval_images": images}
 
-    def export(self, model: MPPModel) -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, Any]]:
+    def export(self, model: nn.Module) -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, Any]]:
         """(the ViT to save as the run's model, the MPP head's tensors under ``mpp.``, metadata saying what they are
         and that loaders drop them)."""
+        assert isinstance(model, MPPModel), "export() takes the model wrap() made"
         extra = {f"{MPP_PREFIX}{k}": v for k, v in model.mpp.state_dict().items()}
         meta = {"objective": "mpp", "mpp": asdict(self.cfg), "drop_on_load": [MPP_PREFIX]}
         return model.vit, extra, meta
