@@ -40,7 +40,7 @@ from ..device import autocast
 from ..errors import UserError
 from ..evaluate.loop import batches, evaluating
 from ..models import VisionTransformer
-from ..models.common import as_pair, count_params
+from ..models.common import as_pair, count_params, zero_head
 from ..pixels import patches_of, unnormalise
 from .config import MPPConfig
 from .sampling import mix_seed
@@ -153,10 +153,8 @@ class MPPHead(nn.Module):
     def __init__(self, width: int, out_dim: int) -> None:
         super().__init__()
         self.mask_token = nn.Parameter(torch.zeros(width))  # (D,)
-        self.head = nn.Linear(width, out_dim)
+        self.head = zero_head(width, out_dim)  # like the ViT's head: uniform predictions at the start
         nn.init.normal_(self.mask_token, std=0.02)  # as BERT and the ViT's own learned embeddings start
-        nn.init.zeros_(self.head.weight)  # like the ViT's head: uniform predictions at the start
-        nn.init.zeros_(self.head.bias)
 
 
 class MPPModel(nn.Module):
