@@ -500,3 +500,11 @@ def test_training_configs_are_frozen_values():
         cfg.optim = dataclasses.replace(cfg.optim, lr=1.0)
     changed = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=1e-2))
     assert changed.optim.lr == 1e-2 and cfg.optim.lr == 3e-4 and changed.run is cfg.run
+    assert dataclasses.replace(cfg.schedule, steps=0).steps is None  # "not set", as older configs wrote it
+
+    from vitkit.bench import BenchConfig
+
+    bench = BenchConfig(model="vit_ti16", compare=["hf"], device="cpu")  # type: ignore[arg-type]
+    assert bench.compare == ("hf",)  # a list given is kept as the declared tuple
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bench.batch_size = 4  # type: ignore[misc]
