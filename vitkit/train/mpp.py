@@ -7,10 +7,10 @@ Corruption acts on the patch embeddings before the position embedding is added, 
 position and the class token is never corrupted. Each image has mask_ratio x N patches corrupted, rounded half
 up (9 patches at 50%: 5; a fixed count, so every image weighs the same in the loss); each of those independently
 becomes the learned [mask] embedding (mask_share), the embedding of another patch of the same image
-(random_share), or stays as it is (the rest), as BERT corrupts tokens. The random replacement is drawn uniformly from the image's other N - 1 patches
-(never the patch itself, or "random" would sometimes be "unchanged"), taken before any corruption (never a
-[mask]); from the same image so that a replacement is a plausible patch for that image and an image's corruption
-does not depend on which images share its batch or rank.
+(random_share), or stays as it is (the rest), as BERT corrupts tokens. The random replacement is drawn
+uniformly from the image's other N - 1 patches (never the patch itself, or "random" would sometimes be
+"unchanged"), taken before any corruption (never a [mask]); from the same image so that a replacement is a
+plausible patch for that image and an image's corruption does not depend on which images share its batch or rank.
 
 Targets, from the images themselves (labels are ignored):
     color       the patch's mean colour, each channel quantised to ``bits`` bits: one of 2^(bits x C) classes
