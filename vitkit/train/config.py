@@ -21,6 +21,7 @@ import difflib
 import types
 import typing
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -360,11 +361,13 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def config_from_dict(doc: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def config_from_dict(doc: dict[str, Any], overrides: Sequence[str] = ()) -> TrainConfig:
     """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last).
 
     A value ``???`` marks a key the user must supply (e.g. the data root of a shipped recipe).
     """
+    if isinstance(overrides, str):  # a str is a sequence too: each character would be read as an override
+        raise TypeError(f"overrides: expected a list of section.key=value strings, got the string {overrides!r}")
     merged: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for section, values in (doc or {}).items():
         if section not in SECTIONS:
@@ -469,7 +472,7 @@ def data_section(data: str) -> dict[str, Any]:
     )
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Load a YAML config (a path or a shipped name; default: digits) and apply overrides.
 
     The run name defaults to the config's stem, so ``vitkit train`` writes to runs/digits (or runs/digits-1, ...).
