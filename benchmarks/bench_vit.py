@@ -34,6 +34,7 @@ import json
 import sys
 import tempfile
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +56,8 @@ from vitkit.bench import (
     time_alternating,
 )
 from vitkit.checkpoint.timm import timm_kwargs, vitkit_to_timm
-from vitkit.fast import bf16_is_fast, can_compile, optimize_for_inference, tune_cpu_allocator
+from vitkit.device import bf16_is_fast
+from vitkit.fast import can_compile, optimize_for_inference, tune_cpu_allocator
 
 
 def log(msg: str) -> None:
@@ -165,7 +167,7 @@ def digits_model(run_dir: Path | None, workdir: Path) -> tuple[nn.Module, torch.
     cfg = load_config("digits", ["schedule.epochs=15", "run.progress=false", "run.plots=false", "run.eval_every=0"])
     threads = torch.get_num_threads()  # the digits config trains on one thread: restored for the timings
     if run_dir is None:
-        cfg.run.out_dir, cfg.run.name = str(workdir), "digits"
+        cfg = replace(cfg, run=replace(cfg.run, out_dir=str(workdir), name="digits"))
         result = train(cfg)
         torch.set_num_threads(threads)
         run_dir = result.run_dir

@@ -319,3 +319,63 @@ def test_train_step_applies_the_globally_clipped_gradient(tmp_path, overrides, m
             assert torch.equal(params[n], before[n]), f"{n} has no gradient but moved"
     finally:
         trainer.close()
+
+
+# ------------------------------------------------------------------------------------------------- Adam
+PAPER_ADAM_BETAS = (0.9, 0.999)  # paper appendix B.1: Adam with beta1 = 0.9, beta2 = 0.999 (also for fine-tuning)
+ADAM_EPS = 1e-8  # the official code's optax.adam default
+
+
+def adam_float64(params: list[np.ndarray], grads_per_step: list[list[np.ndarray]], lr, betas, eps, wd, decoupled):
+    """Adam / AdamW written from Kingma & Ba (2015) and Loshchilov & Hutter (2019), in float64."""
+    b1, b2 = betas
+    p = [x.astype(np.float64).copy() for x in params]
+    m = [np.zeros_like(x) for x in p]
+    v = [np.zeros_like(x) for x in p]
+    for t, grads in enumerate(grads_per_step, start=1):
+        for i, g in enumerate(grads):
+            g = g.astype(np.float64)
+            if decoupled:
+                p[i] = p[i] * (1 - lr * wd)
+            else:
+                g = g + wd * p[i]
+            m[i] = b1 * m[i] + (1 - b1) * g
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            m_hat, v_hat = m[i] / (1 - b1**t), v[i] / (1 - b2**t)
+            p[i] = p[i] - lr * m_hat / (np.sqrt(v_hat) + eps)
+    return p
+
+
+@pytest.mark.parametrize("name", ["adamw", "adam"])
+def test_adam_defaults_are_the_papers_betas(name):
+    from vitkit.train.optim import build_optimizer
+
+    cfg = config_from_dict({"optim": {"name": name, "lr": 0.01, "weight_decay": 0.1}}).optim
+    model = nn.Sequential(nn.Linear(6, 5), nn.LayerNorm(5), nn.Linear(5, 3))
+    optimizer = build_optimizer(model, cfg)
+    assert {tuple(g["betas"]) for g in optimizer.param_groups} == {PAPER_ADAM_BETAS}
+    assert {g["eps"] for g in optimizer.param_groups} == {ADAM_EPS}
+
+    # several steps with changing gradients: the first step alone is lr * sign(g) whatever the betas are
+    gen = torch.Generator().manual_seed(0)
+    decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    params = list(model.parameters())
+    start = [p.detach().numpy().copy() for p in params]
+    steps = [[torch.randn(p.shape, generator=gen) * (1 + 3 * s) for p in params] for s in range(4)]
+    for grads in steps:
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        optimizer.step()
+    for decays in (True, False):
+        chosen = [i for i, p in enumerate(params) if (id(p) in decayed) == decays]
+        want = adam_float64(
+            [start[i] for i in chosen],
+            [[grads[i].numpy() for i in chosen] for grads in steps],
+            0.01,
+            PAPER_ADAM_BETAS,
+            ADAM_EPS,
+            0.1 if decays else 0.0,
+            decoupled=name == "adamw",
+        )
+        for i, w in zip(chosen, want):
+            np.testing.assert_allclose(params[i].detach().double().numpy(), w, rtol=1e-5, atol=1e-6)

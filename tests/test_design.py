@@ -200,6 +200,7 @@ def _imports(path: Path) -> set[str]:
         ("checkpoint", ("vitkit.train", "vitkit.hub", "vitkit.bench", "vitkit.export", "vitkit.inspect")),
         ("data", ("vitkit.checkpoint", "vitkit.train", "vitkit.bench", "vitkit.export")),
         ("train", ("vitkit.bench", "vitkit.export", "vitkit.cli")),
+        ("evaluate", ("vitkit.data", "vitkit.checkpoint", "vitkit.train", "vitkit.hub", "vitkit.predict")),
     ],
 )
 def test_lower_floors_do_not_import_higher_ones(floor, forbidden):

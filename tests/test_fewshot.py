@@ -144,3 +144,63 @@ def test_fewshot_cli_on_the_checkpoints_own_data(tmp_path, capsys):
     assert five["mean"] > 0.2  # even the features of an untrained ViT beat chance (0.1) on the digits
     printed = capsys.readouterr().out
     assert f"{100 * five['mean']:6.2f} +- {100 * five['std']:5.2f}" in printed
+
+
+# ------------------------------------------------------------------------------------- the evaluation loop
+class _Items(torch.utils.data.Dataset):
+    """A data set read item by item (no tensors to slice): the DataLoader road."""
+
+    def __init__(self, images, labels):
+        self.images_, self.labels_ = images, labels
+
+    def __len__(self):
+        return len(self.labels_)
+
+    def __getitem__(self, i):
+        return self.images_[i], int(self.labels_[i])
+
+
+def test_one_evaluation_loop_scores_every_kind_of_data_alike():
+    from vitkit.data import TensorImageDataset
+    from vitkit.evaluate.loop import batches
+    from vitkit.train.engine import evaluate
+
+    gen = torch.Generator().manual_seed(0)
+    model = VisionTransformer(img_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=7)
+    torch.nn.init.normal_(model.head.weight, generator=gen)
+    images, labels = torch.randn(23, 3, 16, 16, generator=gen), torch.randint(0, 7, (23,), generator=gen)
+    model.train()
+    with torch.no_grad():  # the independent score: one pass in float64 over the whole set, eval mode by hand
+        model.eval()
+        logits = model(images).double()
+        model.train()
+    ce = float(torch.nn.functional.cross_entropy(logits, labels))
+    top1 = float((logits.argmax(1) == labels).double().mean())
+    top5 = float((logits.topk(5, dim=1).indices == labels[:, None]).any(1).double().mean())
+    for data in (
+        TensorImageDataset(images, labels),  # sliced
+        _Items(images, labels),  # a DataLoader over the items
+        torch.utils.data.DataLoader(_Items(images, labels), batch_size=4),  # the caller's loader, as it is
+    ):
+        got = evaluate(model, data, batch_size=5)
+        assert got["eval_images"] == 23 and model.training  # every image once; the model's mode given back
+        assert got["eval_loss"] == pytest.approx(ce, rel=1e-5)
+        assert (got["eval_top1"], got["eval_top5"]) == (pytest.approx(top1), pytest.approx(top5))
+    pairs = list(batches((images, labels), 10))
+    assert [len(y) for _, y in pairs] == [10, 10, 3] and torch.equal(torch.cat([x for x, _ in pairs]), images)
+
+
+def test_the_evaluation_loop_restores_the_model_when_it_fails_and_refuses_an_empty_set():
+    from vitkit.errors import UserError
+    from vitkit.evaluate.loop import batches, evaluating
+
+    model = torch.nn.Sequential(torch.nn.Dropout(0.5))
+    model.train()
+    with pytest.raises(RuntimeError, match="forward failed"), evaluating(model):
+        assert not model.training and not torch.is_grad_enabled()
+        raise RuntimeError("forward failed")
+    assert model.training and torch.is_grad_enabled()
+    with pytest.raises(UserError, match="empty"):
+        list(batches((torch.zeros(0, 3, 4, 4), torch.zeros(0, dtype=torch.long)), 8))
+    with pytest.raises(UserError, match="3 images but 2 labels"):
+        list(batches((torch.zeros(3, 3, 4, 4), torch.zeros(2, dtype=torch.long)), 8))

@@ -303,3 +303,10 @@ def test_mpp_trains_under_two_process_ddp(tmp_path):
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.count("final held-out masked patch prediction") == 1  # rank 0 only
+
+
+@pytest.mark.parametrize("num_patches, ratio, corrupted", [(9, 0.5, 5), (25, 0.5, 13), (10, 0.25, 3), (7, 0.5, 4)])
+def test_an_odd_patch_count_rounds_the_corrupted_count_half_up(num_patches, ratio, corrupted):
+    # round(ratio x N) with halves rounded up (9 patches at 50% -> 5), never floored (4) nor rounded to even (4)
+    kind, _ = draw_corruption(64, num_patches, MPPConfig(mask_ratio=ratio), generator=torch.Generator().manual_seed(0))
+    assert ((kind != KEPT).sum(dim=1) == corrupted).all()

@@ -4,6 +4,7 @@ the non-finite guard, fine-tuning from an official .npz, bad inputs, overfitting
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -156,7 +157,7 @@ def test_lr_schedule_and_weight_decay_groups():
     assert lr_at(9, 110, 1.0, sched) == pytest.approx(1.0)
     assert lr_at(60, 110, 1.0, sched) == pytest.approx(0.5)
     assert lr_at(110, 110, 1.0, sched) == pytest.approx(0.0, abs=1e-12)
-    sched.decay, sched.min_lr = "linear", 0.1
+    sched = dataclasses.replace(sched, decay="linear", min_lr=0.1)  # a frozen value: replaced, not changed
     assert lr_at(35, 110, 1.0, sched) == pytest.approx(0.1 + 0.9 * 0.75)
 
     model = create_model("vit_ti16", width=32, depth=1, num_heads=2, mlp_dim=64, img_size=16, patch_size=8)
@@ -482,3 +483,28 @@ def test_training_passes_its_label_smoothing_to_the_plots(tmp_path, monkeypatch)
     doc = tiny(tmp_path, schedule={"steps": 1}, optim={"label_smoothing": 0.1}, run={"plots": True})
     train(config_from_dict(doc))
     assert seen == {"label_smoothing": 0.1}
+
+
+def test_training_configs_are_frozen_values():
+    cfg = load_config("digits", ["optim.lr=3e-4"])
+    assert cfg.run.name == "digits"  # the file's stem, set by replace
+    for section, key, value in (
+        ("run", "name", "x"),
+        ("optim", "lr", 1.0),
+        ("schedule", "steps", 3),
+        ("mpp", "bits", 2),
+    ):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(getattr(cfg, section), key, value)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.optim = dataclasses.replace(cfg.optim, lr=1.0)
+    changed = dataclasses.replace(cfg, optim=dataclasses.replace(cfg.optim, lr=1e-2))
+    assert changed.optim.lr == 1e-2 and cfg.optim.lr == 3e-4 and changed.run is cfg.run
+    assert dataclasses.replace(cfg.schedule, steps=0).steps is None  # "not set", as older configs wrote it
+
+    from vitkit.bench import BenchConfig
+
+    bench = BenchConfig(model="vit_ti16", compare=["hf"], device="cpu")  # type: ignore[arg-type]
+    assert bench.compare == ("hf",)  # a list given is kept as the declared tuple
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        bench.batch_size = 4  # type: ignore[misc]

@@ -275,3 +275,36 @@ def test_invalid_yaml_is_one_line(tmp_path, capsys):
     config = tmp_path / "broken.yaml"
     config.write_text("optim:\n  lr: [1, 2\nrun: 3\n")
     one_line_error(capsys, ["train", str(config)], str(config), "not valid YAML", "line ")
+
+
+def test_a_bug_while_loading_a_config_keeps_its_traceback(monkeypatch, capsys):
+    import vitkit.train.config as config_mod
+
+    def broken_coerce(value, tp, key):  # an internal invariant breaking, not a bad value from the user
+        raise ValueError("internal: coercion table out of step")
+
+    monkeypatch.setattr(config_mod, "_coerce", broken_coerce)
+    with pytest.raises(ValueError, match="internal: coercion table") as caught:
+        load_config("digits", ["optim.lr=3e-4"])
+    assert not isinstance(caught.value, UserError)  # not dressed up as the user's mistake
+    with pytest.raises(ValueError, match="internal: coercion table"):  # the command line shows the traceback too
+        main(["train", "digits", "optim.lr=3e-4"])
+
+
+def test_a_bug_inside_a_section_check_keeps_its_traceback(monkeypatch):
+    import vitkit.train.config as config_mod
+
+    def broken_check(self):
+        raise TypeError("internal: a check compared a str with an int")
+
+    monkeypatch.setattr(config_mod.OptimConfig, "__post_init__", broken_check)
+    with pytest.raises(TypeError, match="internal: a check compared") as caught:
+        load_config("digits")
+    assert not isinstance(caught.value, UserError)
+
+
+def test_a_user_error_while_loading_names_the_file_and_keeps_its_kind():
+    from vitkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"digits\.yaml: unknown config key 'optim\.lrr'; did you mean optim\.lr"):
+        load_config("digits", ["optim.lrr=1"])

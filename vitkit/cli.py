@@ -64,18 +64,18 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     import torch
 
-    from .models import MODELS, create_model, list_models
+    from .models import MODELS, count_params, create_model, list_models
     from .models.registry import unknown_model
 
     names = list_models(args.pattern)
     if not names:
         raise UserError(f"no model matches {args.pattern!r}; {str(unknown_model(args.pattern)).split('; ', 1)[1]}")
     with torch.device("meta"):  # counts only: no memory, no init time
-        rows = [(n, create_model(n, num_classes=args.num_classes)) for n in names]
+        built = [(n, create_model(n, num_classes=args.num_classes)) for n in names]
     print(f"{'name':<14} {'params':>14}  config")
-    for name, model in rows:
+    for name, model in built:
         spec = {k: v for k, v in MODELS[name].items() if k != "arch"}
-        print(f"{name:<14} {model.num_params():>14,}  {spec}")
+        print(f"{name:<14} {count_params(model):>14,}  {spec}")
     return 0
 
 
@@ -342,11 +342,14 @@ def add_export(p: argparse.ArgumentParser) -> None:
 
 @command("export", "export a checkpoint to ONNX (dynamic batch) and check it against onnxruntime")
 def cmd_export(args: argparse.Namespace) -> int:
+    from torch import nn
+
     from .export import check_onnx, export_onnx
     from .hub import load_model
 
     size = {"img_size": args.img_size} if args.img_size else {}
     model = load_model(args.checkpoint, **_model_overrides(args), **size)
+    assert isinstance(model, nn.Module)  # asked for no metadata or report: the model alone
     path = export_onnx(model, args.onnx, opset=args.opset, force=args.force, int8=args.int8)
     if args.int8:
         # int8 moves logits by a few percent: a check against gross errors (its accuracy: benchmarks/bench_vit.py)
@@ -511,11 +514,10 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail
         return 141  # 128 + SIGPIPE, the shell's code for it
     except (UserError, OSError) as e:
-        system = isinstance(e, OSError) and not isinstance(e, UserError)
         # the system refused a file it names (missing, unwritable, disk full); an OSError naming none is a bug
-        if os.environ.get("VITKIT_DEBUG") or (system and not e.filename):
+        if os.environ.get("VITKIT_DEBUG") or not (isinstance(e, UserError) or e.filename):
             raise
-        msg = f"{e.filename}: {e.strerror}" if system else e
+        msg = str(e) if isinstance(e, UserError) else f"{e.filename}: {e.strerror}"
         print(f"vitkit {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .device import bf16_is_fast, cpu_has_vnni
 from .errors import UserError
 from .models import VisionTransformer
 
@@ -54,22 +55,6 @@ def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
     if dtype not in DTYPE_NAMES:
         raise UserError(f"dtype {dtype!r}: expected one of {sorted(DTYPE_NAMES)}")
     return DTYPE_NAMES[dtype]
-
-
-def cpu_has_fast_bf16() -> bool:
-    """True when this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16); otherwise bf16 is emulated."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-        return "amx_bf16" in flags or "avx512_bf16" in flags
-    except OSError:  # not Linux: trust oneDNN's own check
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-
-
-def bf16_is_fast(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return device.type == "cpu" and cpu_has_fast_bf16()
 
 
 def can_compile(device: torch.device) -> bool:
@@ -135,16 +120,6 @@ def compile_for_inference(fn: Callable[..., Any], mode: str = "default") -> Call
             return compiled(*args, **kwargs)
 
     return run
-
-
-def cpu_has_vnni() -> bool:
-    """True when this CPU has 8-bit dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return any(flag in flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
 
 
 def _full_range_linear_class() -> type[nn.Module]:

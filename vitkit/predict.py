@@ -20,6 +20,7 @@ from torch import nn
 from .data import eval_transform, load_image
 from .data.transforms import channel_stats
 from .errors import UserError, UserFileNotFoundError
+from .pixels import unnormalise
 
 # Where a DatasetInfo may sit inside checkpoint metadata: at the top level, or under one of these keys.
 _INFO_KEYS = ("data_info", "dataset_info", "dataset", "info", "data")
@@ -42,9 +43,7 @@ class Preprocessing:
 
     def to_display(self, x: torch.Tensor) -> torch.Tensor:
         """Undo the normalisation of one input (C, H, W) -> (H, W, C) pixels in [0, 1], for figures."""
-        mean = torch.tensor(self.mean, dtype=x.dtype).view(-1, 1, 1)
-        std = torch.tensor(self.std, dtype=x.dtype).view(-1, 1, 1)
-        return (x * std + mean).clamp(0, 1).permute(1, 2, 0)
+        return unnormalise(x, self.mean, self.std).permute(1, 2, 0)
 
 
 @dataclass

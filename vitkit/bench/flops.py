@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from ..models import ViTConfig
+from ..models.common import as_pair
 from ..models.posemb import relative_table_shape
 
 
@@ -25,13 +26,12 @@ def vit_flops(
     at 224: 35.1 GFLOP, the model's FLOPs. ``logits_path``: what VisionTransformer.forward executes instead, where
     a class-token model's last block computes the class token alone (32.7 GFLOP).
     """
-    size = img_size if img_size is not None else config.img_size
-    size = (size, size) if isinstance(size, int) else tuple(size)
+    size = as_pair("vit_flops", "img_size", img_size if img_size is not None else config.img_size)
     gh, gw = config.grid(size)
     n = gh * gw
     t = n + (1 if config.classifier == "token" else 0)  # tokens through the encoder
     d, m, L = config.width, config.mlp_dim, config.depth
-    ph, pw = config.patch_size
+    ph, pw = as_pair("ViTConfig", "patch_size", config.patch_size)
     stem, in_chs = 0, config.in_chans
     if config.resnet_layers is not None:
         from ..models.resnet import ResNetBackbone
@@ -75,7 +75,7 @@ def layer_flops(model: nn.Module, input_shape: tuple[int, ...]) -> int:
         if isinstance(module, nn.Conv2d):
             k = module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
             total += 2 * out.numel() * k
-        else:
+        elif isinstance(module, nn.Linear):
             total += 2 * out.numel() * module.in_features
 
     handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
@@ -94,8 +94,9 @@ def model_flops(model: nn.Module, img_size: int, logits_path: bool = False) -> i
     config = model.config
     if isinstance(config, ViTConfig):
         return vit_flops(config, img_size, logits_path)["total"]
-    from ..models import model_from_config
+    from ..models import BiTConfig, ResNetConfig, model_from_config
 
+    assert isinstance(config, (ResNetConfig, BiTConfig)), f"no FLOP count for a {type(model).__name__}"
     with torch.device("meta"):
         twin = model_from_config(config.to_dict())
     return layer_flops(twin, (1, getattr(config, "in_chans", 3), img_size, img_size))

@@ -36,10 +36,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import autocast, cpu_model_name
 from ..errors import UserError
 from ..fast import COMPILE_MODES, compile_for_inference, cpu_allocator_tuned
 from ..io import atomic_write_text
-from ..models import MODELS, create_model
+from ..models import MODELS, BiTConfig, ResNetConfig, ViTConfig, create_model
 from .flops import model_flops
 from .memory import find_max_batch, format_bytes, measure_step_memory, memory_method, parse_bytes, resident_bytes
 from .stats import RatioStats, load_average, load_warnings, paired_ratio_stats, settled
@@ -54,7 +55,7 @@ RATIO_FIELDS = ("median", "low", "high", "q1", "q3", "n", "confidence")
 PARITY_TOL = {"fp32": 1e-4, "bf16-autocast": 5e-2, "bf16": 5e-2}  # max |a - b| / max(1, max |ref|)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BenchConfig:
     """One benchmark: a registered model (plus config overrides) at one shape, dtype, attention and compile mode."""
 
@@ -84,7 +85,7 @@ class BenchConfig:
         ):
             if value not in allowed:
                 raise UserError(f"bench {name}={value!r}: expected one of {allowed}")
-        self.compare = tuple(self.compare)
+        object.__setattr__(self, "compare", tuple(self.compare))  # a list given: kept as a tuple, as declared
         for peer in self.compare:
             if peer not in PEERS:
                 raise UserError(f"bench compare={peer!r}: expected one of {PEERS}")
@@ -207,10 +208,8 @@ def _sync(device: torch.device) -> None:
 
 
 # ---------------------------------------------------------------------------------------------------- runners
-def _autocast(cfg: BenchConfig, device: torch.device) -> contextlib.AbstractContextManager:
-    if cfg.dtype == "bf16-autocast":
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+def _autocast(cfg: BenchConfig, device: torch.device) -> contextlib.AbstractContextManager[object]:
+    return autocast(device, "bf16" if cfg.dtype == "bf16-autocast" else "none")
 
 
 def _param_dtype(cfg: BenchConfig) -> torch.dtype:
@@ -323,6 +322,13 @@ def build_model(cfg: BenchConfig, device: torch.device) -> nn.Module:
     return model.to(device=device, dtype=_param_dtype(cfg))
 
 
+def _inputs_and_classes(model: nn.Module) -> tuple[int, int]:
+    """(input channels, classes) of a registered model, from its config."""
+    config = model.config
+    assert isinstance(config, (ViTConfig, ResNetConfig, BiTConfig)), f"not a registered model: {type(model)}"
+    return config.in_chans, max(config.num_classes, 1)
+
+
 def run_bench(
     cfg: BenchConfig,
     log: Callable[[str], None] = lambda s: None,
@@ -340,9 +346,10 @@ def run_bench(
     modes = tuple(compile_modes or (cfg.compile,))
     model = build_model(cfg, device)
     torch.manual_seed(1)
-    x = torch.randn(cfg.batch_size, model.config.in_chans, cfg.img_size, cfg.img_size, device=device)
+    in_chans, classes = _inputs_and_classes(model)
+    x = torch.randn(cfg.batch_size, in_chans, cfg.img_size, cfg.img_size, device=device)
     x = x.to(_param_dtype(cfg))
-    y = torch.randint(0, max(model.config.num_classes, 1), (cfg.batch_size,), device=device)
+    y = torch.randint(0, classes, (cfg.batch_size,), device=device)
     builders = {**({"hf": hf_peer} if "hf" in cfg.compare else {}), **(extra_peers or {})}
     peers = {name: build(model) for name, build in builders.items()}
     parity = check_parity(model, peers, x, cfg, log)
@@ -507,9 +514,11 @@ def estimate_max_batch(
     resident = resident_bytes(model, cfg.mode)
     out = {"budget": cfg.memory_budget, "budget_bytes": budget, "resident_bytes": resident}
 
+    in_chans, classes = _inputs_and_classes(model)
+
     def step_memory(batch: int) -> int | None:
-        xb = torch.randn(batch, model.config.in_chans, cfg.img_size, cfg.img_size, device=device)
-        yb = torch.randint(0, max(model.config.num_classes, 1), (batch,), device=device)
+        xb = torch.randn(batch, in_chans, cfg.img_size, cfg.img_size, device=device)
+        yb = torch.randint(0, classes, (batch,), device=device)
         step = make_step(model, cfg, xb.to(_param_dtype(cfg)), yb, device)
         step()  # warm-up: optimizer state, compiled kernels
         return measure_step_memory(step, device, reset_cpu_peak=True)
@@ -556,6 +565,5 @@ def environment(device: torch.device) -> dict[str, Any]:
     with contextlib.suppress(OSError, AttributeError):
         env["load_avg"] = " ".join(f"{v:.2f}" for v in os.getloadavg())
     if device.type == "cpu":
-        with contextlib.suppress(OSError, StopIteration), open("/proc/cpuinfo") as f:
-            env["device"] = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        env["device"] = cpu_model_name() or env["device"]
     return env

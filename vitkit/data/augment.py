@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
+from ..pixels import unnormalise
 from .config import DataConfig
 
 RANDAUGMENT_GROUPS = 16  # kornia picks one op sequence per call: this many calls per batch give images variety
@@ -90,7 +91,7 @@ class BatchAugment:
             return x
         randaugment = self.randaugment
         mean, std = self.mean.to(x.device), self.std.to(x.device)
-        pixels = (x.float() * std + mean).clamp(0, 1)
+        pixels = unnormalise(x, mean, std)
         channels = pixels.shape[1]
         if channels == 1:  # kornia's colour operations want RGB; grey in, grey out
             pixels = pixels.expand(-1, 3, -1, -1)

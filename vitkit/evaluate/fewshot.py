@@ -14,23 +14,21 @@ for growing shot counts are prefixes of that permutation (so the 5-shot set cont
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
 
 from ..errors import UserError
+from .loop import Data, batches, evaluating
 
 BIAS_CONSTANT = 100.0
 STD_EPS = 1e-5
 DEFAULT_SHOTS = (1, 5, 10, 25)
 DEFAULT_L2 = 2.0**10
-
-Data = Dataset | DataLoader | tuple[torch.Tensor, torch.Tensor] | list
 
 
 @dataclass
@@ -173,22 +171,6 @@ def fewshot_from_features(
 
 
 # ---------------------------------------------------------------------------------------------- features
-def _batches(data: Data, batch_size: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(images, labels) batches from a Dataset of pairs, a DataLoader, or a pair of tensors."""
-    if isinstance(data, (tuple, list)) and len(data) == 2 and all(isinstance(t, torch.Tensor) for t in data):
-        images, labels = data
-        if len(images) != len(labels):
-            raise UserError(f"few-shot: {len(images)} images but {len(labels)} labels")
-        for i in range(0, len(images), batch_size):
-            yield images[i : i + batch_size], labels[i : i + batch_size]
-        return
-    loader: Iterable = data if isinstance(data, DataLoader) else DataLoader(data, batch_size=batch_size)
-    for batch in loader:
-        images, labels = batch[0], batch[1]
-        yield images, torch.as_tensor(labels)
-
-
-@torch.no_grad()
 def extract_features(
     model: nn.Module, data: Data, batch_size: int = 128, device: str | torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,20 +178,15 @@ def extract_features(
 
     Works for any model with forward_features / forward_head(pre_logits=True): ViTs and the ResNet baseline.
     """
-    was_training = model.training
-    model.eval()
-    if device is None:
-        device = next(model.parameters()).device
+    forward_features, forward_head = getattr(model, "forward_features", None), getattr(model, "forward_head", None)
+    if not callable(forward_features) or not callable(forward_head):
+        raise UserError(f"few-shot: {type(model).__name__} has no forward_features / forward_head(pre_logits=True)")
+    weight = next(model.parameters())
     feats, labels = [], []
-    try:
-        for images, y in _batches(data, batch_size):
-            x = images.to(device, next(model.parameters()).dtype)
-            feats.append(model.forward_head(model.forward_features(x), pre_logits=True).float().cpu())  # (B, d)
+    with evaluating(model):
+        for x, y in batches(data, batch_size, weight.device if device is None else device, weight.dtype):
+            feats.append(forward_head(forward_features(x), pre_logits=True).float().cpu())  # (B, d)
             labels.append(y.long().cpu())
-    finally:
-        model.train(was_training)
-    if not feats:
-        raise UserError("few-shot: the dataset is empty")
     return torch.cat(feats), torch.cat(labels)
 
 

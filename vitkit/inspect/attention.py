@@ -20,6 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..evaluate.loop import evaluating
+from ..models import VisionTransformer
 
 Attention = torch.Tensor | Sequence[torch.Tensor]  # (L, B, nh, N, N) or L x (B, nh, N, N)
 
@@ -41,32 +43,27 @@ class AttentionRecord:
     map_attention: torch.Tensor | None = None
 
 
-def _check_vit(model: nn.Module) -> None:
-    if not hasattr(model, "forward_intermediates") or not hasattr(model, "num_prefix_tokens"):
+def _check_vit(model: nn.Module) -> VisionTransformer:
+    if not isinstance(model, VisionTransformer):
         raise UserError(f"attention inspection needs a VisionTransformer, got {type(model).__name__}")
+    return model
 
 
 @torch.no_grad()
 def record_attention(model: nn.Module, images: torch.Tensor) -> AttentionRecord:
     """Run images (B, C, H, W) through the model in eval mode and keep every layer's attention probabilities."""
-    _check_vit(model)
-    was_training = model.training
-    model.eval()
-    try:
-        out = model.forward_intermediates(images, return_attention=True)
-    finally:
-        model.train(was_training)
+    vit = _check_vit(model)
+    with evaluating(vit):
+        out = vit.forward_intermediates(images, return_attention=True)
     grid = tuple(out["patches"].shape[-2:])
     attention = torch.stack(out["attention"])  # (L, B, nh, N, N)
     probe, readout = out.get("map_attention"), None
     if probe is not None:
         probe = probe[:, :, 0]  # (B, nh, N): the one probe's row
         readout = probe.mean(dim=1)
-    elif getattr(model.config, "classifier", None) == "first":
+    elif vit.config.classifier == "first":
         readout = F.one_hot(torch.zeros(attention.shape[1], dtype=torch.long), attention.shape[-1]).to(attention)
-    return AttentionRecord(
-        attention, grid, model.num_prefix_tokens, tuple(model.config.stride), out["logits"], readout, probe
-    )
+    return AttentionRecord(attention, grid, vit.num_prefix_tokens, vit.config.stride, out["logits"], readout, probe)
 
 
 def attention_maps(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -76,8 +73,8 @@ def attention_maps(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
 
 def _stack(attention: Attention) -> torch.Tensor:
     attn = attention if isinstance(attention, torch.Tensor) else torch.stack(list(attention))
-    if attn.ndim != 5 or attn.shape[-1] != attn.shape[-2]:
-        raise UserError(f"attention must be (layers, batch, heads, N, N), got {tuple(attn.shape)}")
+    if attn.ndim != 5 or attn.shape[-1] != attn.shape[-2] or attn.shape[0] == 0:
+        raise UserError(f"attention must be (layers >= 1, batch, heads, N, N), got {tuple(attn.shape)}")
     return attn.float()
 
 
@@ -106,13 +103,14 @@ def attention_rollout(attention: Attention, residual: bool = True) -> torch.Tens
     """
     attn = _stack(attention)
     eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
-    joint = None
+    joint: torch.Tensor | None = None
     for layer in attn:  # (B, nh, N, N)
         a = layer.mean(dim=1)  # (B, N, N)
         if residual:
             a = a + eye
         a = a / a.sum(dim=-1, keepdim=True)
         joint = a if joint is None else a @ joint
+    assert joint is not None, "no layers"  # _stack refuses an empty stack
     return joint
 
 
@@ -189,11 +187,13 @@ def attention_distance(model: nn.Module, images: torch.Tensor, batch_size: int =
     """
     if len(images) == 0:
         raise UserError("attention_distance: no images given")
-    total, count = None, 0
+    total: torch.Tensor | None = None
+    count = 0
     for i in range(0, len(images), batch_size):
         rec = record_attention(model, images[i : i + batch_size])
         d = mean_attention_distance(rec.attention, rec.grid, rec.stride, rec.num_prefix_tokens)  # (L, nh)
         b = rec.attention.shape[1]
         total = d * b if total is None else total + d * b
         count += b
+    assert total is not None  # images is not empty
     return (total / count).numpy()

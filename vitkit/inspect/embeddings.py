@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..models import VisionTransformer
 
 
 def position_embedding_grid(model: nn.Module) -> torch.Tensor:
@@ -15,12 +16,11 @@ def position_embedding_grid(model: nn.Module) -> torch.Tensor:
 
     Works for every table the model can use (learned 1-D, learned_2d, sincos_2d), at the model's own grid.
     """
-    pos_embed_for = getattr(model, "_pos_embed_for", None)
-    if pos_embed_for is None:
+    if not isinstance(model, VisionTransformer):
         raise UserError(f"{type(model).__name__} has no position embedding (only ViTs do)")
     gh, gw = model.grid
     with torch.no_grad():
-        table = pos_embed_for((gh, gw))
+        table = model._pos_embed_for((gh, gw))
     if table is None:
         raise UserError(f"the model has no position embedding (pos_embed={model.config.pos_embed!r})")
     table = table[0, model.num_prefix_tokens :].detach().float().cpu()  # (gh * gw, D)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence
+from collections.abc import Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +26,8 @@ from torch.utils.data import Dataset
 from ..data import load_image
 from ..errors import UserError
 from ..io import atomic_write_text
+from ..models import VisionTransformer
+from ..models.common import as_pair
 from ..predict import Preprocessing
 from . import figures
 from .attention import (
@@ -56,7 +58,7 @@ def images_from_files(files: Sequence[str | Path], prep: Preprocessing) -> tuple
     for f in files:
         try:
             x = transform(load_image(f))  # (C, H, W)
-        except (ValueError, FileNotFoundError, OSError) as e:
+        except UserError as e:  # a missing or unreadable file, named
             errors.append(str(e))
             continue
         images.append(InspectionImage(Path(f).stem, x, prep.to_display(x).numpy()))
@@ -64,7 +66,7 @@ def images_from_files(files: Sequence[str | Path], prep: Preprocessing) -> tuple
 
 
 def images_from_dataset(
-    dataset: Dataset, prep: Preprocessing, count: int, class_names: Sequence[str] | None = None
+    dataset: Dataset[Any], prep: Preprocessing, count: int, class_names: Sequence[str] | None = None
 ) -> list[InspectionImage]:
     """Up to ``count`` images of a dataset of (image, label), one per class first, for figures.
 
@@ -75,6 +77,8 @@ def images_from_dataset(
     if labels is None:
         labels = getattr(dataset, "targets", None)
     if labels is None:
+        if not isinstance(dataset, Sized):
+            raise UserError(f"inspect: the data set ({type(dataset).__name__}) has no length to pick images from")
         labels = [dataset[i][1] for i in range(min(len(dataset), 50 * count))]
     labels = [int(y) for y in labels]
     first: dict[int, int] = {}
@@ -90,11 +94,12 @@ def images_from_dataset(
     return images
 
 
-def describe(model: nn.Module) -> str:
+def describe(model: VisionTransformer) -> str:
     """A one-line summary of a ViT for figure titles: 'ViT D=192 L=12 heads=3, /16 tokens, 224x224 px, token'."""
     c = model.config
     stem = "" if c.resnet_layers is None else f"ResNet{list(c.resnet_layers)} + "
-    size = f"{c.img_size[0]}x{c.img_size[1]} px"
+    h, w = as_pair("ViTConfig", "img_size", c.img_size)
+    size = f"{h}x{w} px"
     return f"{stem}ViT D={c.width} L={c.depth} heads={c.num_heads}, /{c.stride[0]} tokens, {size}, {c.classifier}"
 
 
@@ -104,7 +109,9 @@ def _slug(name: str) -> str:
 
 class _Index:
     def __init__(self, out: Path) -> None:
-        self.out, self.written, self.skipped = out, [], []
+        self.out = out
+        self.written: list[dict[str, str]] = []
+        self.skipped: list[dict[str, str]] = []
 
     def add(self, path: Path, figure: str, description: str) -> None:
         self.written.append({"file": path.name, "figure": figure, "description": description})
@@ -139,18 +146,17 @@ def write_inspection(
     ``images`` get a rollout and an attention-map figure each; the attention distance is averaged over
     ``distance_inputs`` (B, C, H, W) when given (the paper uses 128 images), else over ``images``.
     """
-    if not hasattr(model, "blocks") or not hasattr(model, "patch_embed"):
+    if not isinstance(model, VisionTransformer):
         raise UserError(f"inspect: needs a VisionTransformer, got {type(model).__name__} (no attention to show)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.eval()
-    index, title = _Index(out), describe(model)
+    index, title = _Index(out), describe(model)  # the figures run the model in eval mode (record_attention)
 
     try:
         comps, explained = patch_filter_components(model, num_components)
         path = figures.plot_patch_components(comps.numpy(), explained.numpy(), out / "patch_embedding_pca.png")
         index.add(path, "Fig 7 left", f"first {len(comps)} principal components of the patch-embedding filters")
-    except ValueError as e:
+    except UserError as e:  # a model without pixel patches (a hybrid)
         index.skip("patch-embedding principal components (Fig 7 left)", str(e))
 
     try:
@@ -161,7 +167,7 @@ def write_inspection(
             title=f"Position embedding similarity ({model.config.pos_embed}, {sim.shape[0]}x{sim.shape[1]} patches)",
         )
         index.add(path, "Fig 7 centre", "cosine similarity of each patch's position embedding with all others")
-    except ValueError as e:
+    except UserError as e:  # a model without a position embedding
         index.skip("position-embedding similarity (Fig 7 centre)", str(e))
 
     if not images:

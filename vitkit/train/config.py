@@ -9,8 +9,9 @@
     mpp:      the masked patch prediction objective's corruption rates and target (run.objective=mpp)
 
 A value's type is the dataclass field's type, so ``optim.lr=3e-4`` is a float, ``optim.betas=0.9,0.95`` a
-tuple and ``model.representation_size=none`` an Optional; an unknown key or a wrong type is a ValueError
-naming the key, what was expected and (for a typo) the close matches.
+tuple and ``model.representation_size=none`` an Optional; an unknown key or a wrong type is a UserError
+(ConfigError) naming the key, what was expected and (for a typo) the close matches. Each section, and the whole
+TrainConfig, is a frozen value: change one with ``dataclasses.replace``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import difflib
 import types
 import typing
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -41,7 +43,7 @@ MPP_TARGETS = ("color", "color_grid", "pixels")
 REQUIRED = "???"  # a config value the user must supply on the command line
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     """A registered model (or the architecture of run.init_from) and the fields of its config to change.
 
@@ -59,7 +61,7 @@ class ModelConfig:
         return {"name": self.name, **self.fields}
 
 
-@dataclass
+@dataclass(frozen=True)
 class OptimConfig:
     """``batch_size`` is the global batch per optimizer step: accum_steps micro-batches, split across ranks."""
 
@@ -94,7 +96,7 @@ class OptimConfig:
             )
 
 
-@dataclass
+@dataclass(frozen=True)
 class ScheduleConfig:
     """The run's length, in optimizer steps or in epochs (one of the two); linear warmup, then decay to min_lr.
 
@@ -112,7 +114,7 @@ class ScheduleConfig:
     def __post_init__(self) -> None:
         _check_choice("schedule.decay", self.decay, DECAYS)
         if self.steps == 0:  # older configs wrote 0 for "not set"
-            self.steps = None
+            object.__setattr__(self, "steps", None)  # still being built: the one write a frozen value allows
         for key in ("steps", "warmup_steps", "min_lr"):
             if getattr(self, key) is not None:
                 _check_at_least(f"schedule.{key}", getattr(self, key), 0)
@@ -125,7 +127,7 @@ class ScheduleConfig:
             )
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunConfig:
     """Outputs and execution. Cadences are in optimizer steps; 0 means 'only at the end'."""
 
@@ -156,7 +158,7 @@ class RunConfig:
         _check_at_least("run.eval_batch_size", self.eval_batch_size, 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class MPPConfig:
     """Masked patch prediction (paper sec 4.6, appendix B.1.2), used when run.objective=mpp (see train/mpp.py).
 
@@ -189,7 +191,7 @@ class MPPConfig:
         _check_at_least("mpp.grid", self.grid, 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -244,7 +246,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         for arg in (a for a in args if a is not type(None)):
             try:
                 return _coerce(value, arg, key)
-            except ValueError as e:
+            except UserError as e:
                 errors.append(str(e))
         raise UserError(errors[0] if len(errors) == 1 else f"{key}={value!r}: expected {_type_name(tp)}")
     if origin is list:
@@ -310,10 +312,7 @@ def _build_section(cls: type, values: dict[str, Any], section: str) -> Any:
         if key not in types_:
             raise _unknown(f"{section}.{key}", sorted(types_))
         kwargs[key] = _coerce(value, types_[key], f"{section}.{key}")
-    try:
-        return cls(**kwargs)
-    except TypeError as e:
-        raise UserError(f"{section}: {e}") from None
+    return cls(**kwargs)  # every key is a field, every value of its type: __post_init__ checks the rest
 
 
 def _build_model_section(values: dict[str, Any]) -> ModelConfig:
@@ -355,11 +354,13 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def config_from_dict(doc: dict[str, Any], overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def config_from_dict(doc: dict[str, Any], overrides: Sequence[str] = ()) -> TrainConfig:
     """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last).
 
     A value ``???`` marks a key the user must supply (e.g. the data root of a shipped recipe).
     """
+    if isinstance(overrides, str):  # a str is a sequence too: each character would be read as an override
+        raise TypeError(f"overrides: expected a list of section.key=value strings, got the string {overrides!r}")
     merged: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for section, values in (doc or {}).items():
         if section not in SECTIONS:
@@ -464,7 +465,7 @@ def data_section(data: str) -> dict[str, Any]:
     )
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> TrainConfig:
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
     """Load a YAML config (a path or a shipped name; default: digits) and apply overrides.
 
     The run name defaults to the config's stem, so ``vitkit train`` writes to runs/digits (or runs/digits-1, ...).
@@ -473,10 +474,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
     doc = read_config_file(path)
     try:
         cfg = config_from_dict(doc, overrides)
-    except ValueError as e:
-        raise UserError(f"{path}: {e}") from None
+    except UserError as e:  # the same kind of error, naming the file; anything else is a bug and keeps its traceback
+        raise type(e)(f"{path}: {e}") from None
     if cfg.run.name is None:
-        cfg.run.name = path.stem
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=path.stem))
     return cfg
 
 

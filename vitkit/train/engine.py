@@ -25,10 +25,10 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Iterator, Sized
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -40,10 +40,11 @@ from ..checkpoint.loader import Checkpoint
 from ..checkpoint.native import save_pretrained
 from ..data import DatasetInfo, TensorImageDataset, build_datasets
 from ..data.augment import build_augment
+from ..device import autocast, bf16_is_fast
 from ..errors import ConfigError, UserError, UserFileNotFoundError
-from ..fast import bf16_is_fast
+from ..evaluate.loop import batches, evaluating
 from ..io import DirectoryLock, atomic_write_text, remove_stale_temp_files
-from ..models import create_model
+from ..models import count_params, create_model
 from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
@@ -104,6 +105,12 @@ class TrainResult:
     num_params: int = 0
 
 
+def _size(dataset: Dataset[Any]) -> int:
+    if not isinstance(dataset, Sized):
+        raise UserError(f"a {type(dataset).__name__} has no length: training needs data sets of known size")
+    return len(dataset)
+
+
 # ------------------------------------------------------------------------------------------------ model
 def build_model(cfg: TrainConfig, info: DatasetInfo, source: Checkpoint | None = None) -> nn.Module:
     """The configured model, its image size, channels and classes those of the data.
@@ -137,44 +144,24 @@ def build_model(cfg: TrainConfig, info: DatasetInfo, source: Checkpoint | None =
 
 
 # ------------------------------------------------------------------------------------------- evaluation
-def _autocast(device: torch.device, amp: str):
-    if amp == "none":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
-
-
-@torch.no_grad()
 def evaluate(
     model: nn.Module,
-    dataset: Dataset,
+    dataset: Dataset[Any],
     device: torch.device | str = "cpu",
     batch_size: int = 512,
     amp: str = "none",
     num_workers: int = 0,
 ) -> dict[str, float]:
     """Top-1, top-5 (capped at the class count) and mean cross-entropy of model on dataset."""
-    device = torch.device(device)
-    was_training = model.training
-    model.eval()
-    if isinstance(dataset, TensorImageDataset):  # in memory: slice the tensors, no per-item overhead
-        batches: Any = (
-            (dataset.images[i : i + batch_size], dataset.labels[i : i + batch_size])
-            for i in range(0, len(dataset), batch_size)
-        )
-    else:
-        batches = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
     loss_sum, top1, top5, n = 0.0, 0, 0, 0
-    for x, y in batches:
-        x, y = x.to(device, non_blocking=True), torch.as_tensor(y).to(device, non_blocking=True)
-        with _autocast(device, amp):
-            logits = model(x)
-        logits = logits.float()
-        loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
-        c1, c5 = topk_correct(logits, y, (1, 5))
-        top1, top5, n = top1 + c1, top5 + c5, n + len(y)
-    model.train(was_training)
-    if n == 0:
-        raise UserError("the evaluation set is empty")
+    with evaluating(model):
+        for x, y in batches(dataset, batch_size, device, num_workers=num_workers):
+            with autocast(x.device, amp):
+                logits = model(x)
+            logits = logits.float()
+            loss_sum += float(F.cross_entropy(logits, y, reduction="sum"))
+            c1, c5 = topk_correct(logits, y, (1, 5))
+            top1, top5, n = top1 + c1, top5 + c5, n + len(y)
     return {"eval_loss": loss_sum / n, "eval_top1": top1 / n, "eval_top5": top5 / n, "eval_images": n}
 
 
@@ -278,7 +265,7 @@ class Trainer:
         self.train_ds, self.eval_ds, self.info = build_datasets(cfg.data)
         o = cfg.optim
         self.plan = StepPlan(
-            len(self.train_ds), o.batch_size, o.accum_steps, self.dist.world_size, self.dist.rank, cfg.run.seed
+            _size(self.train_ds), o.batch_size, o.accum_steps, self.dist.world_size, self.dist.rank, cfg.run.seed
         )
         self.total_steps = self._run_length()
         self.schedule = self._schedule()
@@ -316,7 +303,7 @@ class Trainer:
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.train_model: nn.Module = self.ddp or self.model
         if cfg.run.compile:
-            self.train_model = torch.compile(self.train_model)
+            self.train_model = cast(nn.Module, torch.compile(self.train_model))  # an OptimizedModule
 
         self.run_dir = self._prepare_run_dir()
         self.state_path = self.run_dir / STATE_NAME
@@ -359,7 +346,7 @@ class Trainer:
         if s.epochs is not None:
             return math.ceil(s.epochs * plan.steps_per_epoch)
         if self.cfg.run.init_from:
-            return default_steps(len(self.train_ds), self.cfg.optim.batch_size)
+            return default_steps(_size(self.train_ds), self.cfg.optim.batch_size)
         return math.ceil(DEFAULT_EPOCHS * plan.steps_per_epoch)
 
     def _schedule(self) -> ScheduleConfig:
@@ -412,7 +399,8 @@ class Trainer:
         if isinstance(ds, TensorImageDataset):  # in memory: vectorised augmentation, no DataLoader
             shard = plan.micro_batch_size // plan.world_size
             rows = slice(plan.rank * shard, (plan.rank + 1) * shard)
-            epoch, perm = -1, None
+            epoch = start_step // plan.steps_per_epoch
+            perm = plan.permutation(epoch)
             for step in range(start_step, self.total_steps):
                 if step // plan.steps_per_epoch != epoch:
                     epoch = step // plan.steps_per_epoch
@@ -447,7 +435,7 @@ class Trainer:
             last = micro == accum - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:
-                with _autocast(self.device, cfg.run.amp):
+                with autocast(self.device, cfg.run.amp):
                     loss = self.objective.loss(self.train_model, x, y)
                 self.scaler.scale(loss / accum).backward()
             loss_sum += loss.detach()
@@ -513,11 +501,12 @@ class Trainer:
             self.save()
         if progress is not None:
             progress.close()
-        name = signal.Signals(self._signal).name
+        signum = self._signal
+        assert signum is not None, "called once a signal asked to stop"
         raise TrainingInterrupted(
-            f"{name} at step {self.step} of {self.total_steps}: saved {self.state_path}; continue with the same "
-            "config and run.resume=true",
-            self._signal,
+            f"{signal.Signals(signum).name} at step {self.step} of {self.total_steps}: saved {self.state_path}; "
+            "continue with the same config and run.resume=true",
+            signum,
         )
 
     @contextlib.contextmanager
@@ -610,9 +599,9 @@ class Trainer:
         show = self.cfg.run.progress and self.dist.is_main
         if self.dist.is_main:
             where = f"resuming at step {self.step}" if self.step else "starting"
-            sizes = f"{len(self.train_ds)} train / {len(self.eval_ds)} eval images"
+            sizes = f"{_size(self.train_ds)} train / {_size(self.eval_ds)} eval images"
             print(
-                f"{self.run_dir}: {where}; {self.model.num_params():,} params, {self.total_steps} steps of "
+                f"{self.run_dir}: {where}; {count_params(self.model):,} params, {self.total_steps} steps of "
                 f"{self.cfg.optim.batch_size} images, {sizes}"
             )
             if self.init_report:
@@ -633,7 +622,7 @@ class Trainer:
         if self.dist.is_main and self.cfg.run.plots:
             smoothing = self.cfg.optim.label_smoothing if self.cfg.run.objective == "classification" else 0.0
             plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=smoothing)
-        return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, self.model.num_params())
+        return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, count_params(self.model))
 
     def close(self) -> None:
         """Leave the process group, restore torch's thread count and release the run directory."""

@@ -17,6 +17,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 
 from ..errors import UserError
@@ -118,7 +119,8 @@ def loss_figure(records: list[dict[str, Any]], *, label_smoothing: float = 0.0) 
     key = "eval_mpp_loss" if mpp else "eval_loss"
     evals = [r for r in evals if key in r]
     _plot(ax, [r["step"] for r in evals], [r[key] for r in evals], "s", "-", "eval MPP loss" if mpp else "eval loss")
-    losses = [v for line in ax.get_lines() for v in line.get_ydata() if math.isfinite(v) and v > 0]
+    ys = [float(v) for line in ax.get_lines() for v in np.asarray(line.get_ydata(), dtype=float).ravel()]
+    losses = [v for v in ys if math.isfinite(v) and v > 0]
     if losses and max(losses) > 10 * min(losses):
         ax.set_yscale("log")
     ax.set(xlabel="step", ylabel="masked patch prediction loss" if mpp else "cross-entropy", title="loss")

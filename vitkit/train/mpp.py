@@ -4,13 +4,13 @@
     embedding -> encoder -> final LayerNorm -> the corrupted patches' output tokens (M, D) -> Linear -> targets
 
 Corruption acts on the patch embeddings before the position embedding is added, so a corrupted patch keeps its
-position and the class token is never corrupted. Each image has round(mask_ratio x N) patches corrupted (a fixed
-count, so every image weighs the same in the loss); each of those independently becomes the learned [mask]
-embedding (mask_share), the embedding of another patch of the same image (random_share), or stays as it is (the
-rest), as BERT corrupts tokens. The random replacement is drawn uniformly from the image's other N - 1 patches
-(never the patch itself, or "random" would sometimes be "unchanged"), taken before any corruption (never a
-[mask]); from the same image so that a replacement is a plausible patch for that image and an image's corruption
-does not depend on which images share its batch or rank.
+position and the class token is never corrupted. Each image has mask_ratio x N patches corrupted, rounded half
+up (9 patches at 50%: 5; a fixed count, so every image weighs the same in the loss); each of those independently
+becomes the learned [mask] embedding (mask_share), the embedding of another patch of the same image
+(random_share), or stays as it is (the rest), as BERT corrupts tokens. The random replacement is drawn
+uniformly from the image's other N - 1 patches (never the patch itself, or "random" would sometimes be
+"unchanged"), taken before any corruption (never a [mask]); from the same image so that a replacement is a
+plausible patch for that image and an image's corruption does not depend on which images share its batch or rank.
 
 Targets, from the images themselves (labels are ignored):
     color       the patch's mean colour, each channel quantised to ``bits`` bits: one of 2^(bits x C) classes
@@ -27,18 +27,21 @@ every loader to drop them (``drop_on_load``): fine-tuning, few-shot evaluation a
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import asdict
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 
-from ..data import DatasetInfo, TensorImageDataset
+from ..data import DatasetInfo
+from ..device import autocast
 from ..errors import UserError
-from ..models.common import count_params
+from ..evaluate.loop import batches, evaluating
+from ..models import VisionTransformer
+from ..models.common import as_pair, count_params, zero_head
+from ..pixels import patches_of, unnormalise
 from .config import MPPConfig
 from .sampling import mix_seed
 
@@ -86,16 +89,6 @@ def corrupt(tokens: torch.Tensor, kind: torch.Tensor, source: torch.Tensor, mask
 
 
 # ------------------------------------------------------------------------------------------------- targets
-def patches_of(images: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor:
-    """(B, C, H, W) -> (B, N, C, ph, pw) in the token order of the patch embedding (row-major); a border that
-    does not fill a patch is dropped, as the patch embedding drops it."""
-    B, C, H, W = images.shape
-    ph, pw = patch
-    gh, gw = H // ph, W // pw
-    x = images[:, :, : gh * ph, : gw * pw].reshape(B, C, gh, ph, gw, pw)
-    return x.permute(0, 2, 4, 1, 3, 5).reshape(B, gh * gw, C, ph, pw)
-
-
 def colour_classes(pixels: torch.Tensor, bits: int) -> torch.Tensor:
     """Pixels in [0, 1] (..., C, h, w) -> the class of their mean colour (...,): each channel's mean quantised to
     ``bits`` bits, channel 0 the most significant digit (2^(bits x C) classes)."""
@@ -134,18 +127,12 @@ class Targets:
 
     def __init__(self, cfg: MPPConfig, mean: list[float], std: list[float], patch: tuple[int, int]) -> None:
         self.cfg, self.patch = cfg, patch
-        self.mean = torch.tensor(mean, dtype=torch.float32).view(-1, 1, 1)  # (C, 1, 1), [0, 1] pixel units
-        self.std = torch.tensor(std, dtype=torch.float32).view(-1, 1, 1)
-
-    def unnormalise(self, patches: torch.Tensor) -> torch.Tensor:
-        """Normalised (..., C, h, w) -> pixels in [0, 1] (the data's normalisation undone)."""
-        mean, std = self.mean.to(patches.device), self.std.to(patches.device)
-        return (patches.float() * std + mean).clamp(0, 1)
+        self.mean, self.std = list(mean), list(std)  # per channel, [0, 1] pixel units
 
     def colours(self, patches: torch.Tensor) -> torch.Tensor:
         """Normalised patches (..., C, ph, pw) -> colour classes: (...,) for color and pixels, (..., grid^2) for
         color_grid."""
-        pixels = self.unnormalise(patches)
+        pixels = unnormalise(patches, self.mean, self.std)
         if self.cfg.target == "color_grid":
             pixels = grid_cells(pixels, self.cfg.grid)
         return colour_classes(pixels, self.cfg.bits)
@@ -166,10 +153,8 @@ class MPPHead(nn.Module):
     def __init__(self, width: int, out_dim: int) -> None:
         super().__init__()
         self.mask_token = nn.Parameter(torch.zeros(width))  # (D,)
-        self.head = nn.Linear(width, out_dim)
+        self.head = zero_head(width, out_dim)  # like the ViT's head: uniform predictions at the start
         nn.init.normal_(self.mask_token, std=0.02)  # as BERT and the ViT's own learned embeddings start
-        nn.init.zeros_(self.head.weight)  # like the ViT's head: uniform predictions at the start
-        nn.init.zeros_(self.head.bias)
 
 
 class MPPModel(nn.Module):
@@ -182,12 +167,12 @@ class MPPModel(nn.Module):
 
     def __init__(self, vit: nn.Module, cfg: MPPConfig) -> None:
         super().__init__()
-        vcfg = vit.config
-        if getattr(vcfg, "arch", None) != "vit":
-            arch = getattr(vcfg, "arch", type(vit).__name__)
+        if not isinstance(vit, VisionTransformer):
+            arch = getattr(getattr(vit, "config", None), "arch", type(vit).__name__)
             raise UserError(f"run.objective=mpp: needs a ViT, got a {arch!r} model")
+        vcfg = vit.config
         self.patch = vcfg.stride  # input pixels per token, hybrids included
-        h, w = vcfg.img_size
+        h, w = as_pair("ViTConfig", "img_size", vcfg.img_size)
         if tuple(vit.grid) != (h // self.patch[0], w // self.patch[1]):
             raise UserError(
                 f"run.objective=mpp: the {vit.grid} token grid does not tile the {vcfg.img_size} image in "
@@ -197,7 +182,8 @@ class MPPModel(nn.Module):
             raise UserError(f"mpp.grid={cfg.grid}: does not divide the {self.patch} pixel patches (target color_grid)")
         if cfg.random_share > 0 and vit.grid[0] * vit.grid[1] < 2:
             raise UserError("mpp.random_share > 0 needs at least two patches per image to replace one by another")
-        self.vit, self.cfg = vit, cfg
+        self.vit: VisionTransformer = vit
+        self.cfg = cfg
         self.mpp = MPPHead(vcfg.width, output_dim(cfg, vcfg.in_chans, self.patch))
         for name, p in vit.named_parameters():
             if not name.startswith(TOKEN_PATH):
@@ -271,11 +257,10 @@ class MaskedPatchPrediction:
             hit = pred.argmax(dim=-1) == target
         return int(hit.sum()), hit.numel()
 
-    @torch.no_grad()
     def evaluate(
         self,
         model: nn.Module,
-        dataset: Dataset,
+        dataset: Dataset[Any],
         device: torch.device | str = "cpu",
         batch_size: int = 512,
         amp: str = "none",
@@ -283,32 +268,21 @@ class MaskedPatchPrediction:
     ) -> dict[str, float]:
         """Mean MPP loss (per corrupted patch) and colour accuracy on dataset, under one fixed corruption per run
         (a generator seeded by the run's seed), so that evaluations at different steps score the same task."""
-        device = torch.device(device)
-        was_training = model.training
-        model.eval()
         generator = torch.Generator(device=device).manual_seed(mix_seed(self.seed, 0x3E7A1))
-        if isinstance(dataset, TensorImageDataset):
-            batches: Any = (dataset.images[i : i + batch_size] for i in range(0, len(dataset), batch_size))
-        else:
-            loader = DataLoader(dataset, batch_size=batch_size, num_workers=num_workers)
-            batches = (x for x, _ in loader)
         loss_sum, right, total, patches, images = 0.0, 0, 0, 0, 0
-        for x in batches:
-            x = x.to(device)
-            dtype = torch.bfloat16 if amp == "bf16" else torch.float16
-            with contextlib.nullcontext() if amp == "none" else torch.autocast(device.type, dtype=dtype):
-                pred, target, _ = self.outputs(model, x, generator)
-            loss_sum += float(self.criterion(pred, target)) * len(pred)
-            r, t = self.correct(pred, target)
-            right, total, patches, images = right + r, total + t, patches + len(pred), images + len(x)
-        model.train(was_training)
-        if images == 0:
-            raise UserError("the evaluation set is empty")
+        with evaluating(model):
+            for x, _ in batches(dataset, batch_size, device, num_workers=num_workers):
+                with autocast(x.device, amp):
+                    pred, target, _ = self.outputs(model, x, generator)
+                loss_sum += float(self.criterion(pred, target)) * len(pred)
+                r, t = self.correct(pred, target)
+                right, total, patches, images = right + r, total + t, patches + len(pred), images + len(x)
         return {"eval_mpp_loss": loss_sum / patches, "eval_mpp_acc": right / total, "eval_images": images}
 
-    def export(self, model: MPPModel) -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, Any]]:
+    def export(self, model: nn.Module) -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, Any]]:
         """(the ViT to save as the run's model, the MPP head's tensors under ``mpp.``, metadata saying what they are
         and that loaders drop them)."""
+        assert isinstance(model, MPPModel), "export() takes the model wrap() made"
         extra = {f"{MPP_PREFIX}{k}": v for k, v in model.mpp.state_dict().items()}
         meta = {"objective": "mpp", "mpp": asdict(self.cfg), "drop_on_load": [MPP_PREFIX]}
         return model.vit, extra, meta

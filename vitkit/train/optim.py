@@ -9,6 +9,7 @@ scheduler state beyond the step itself.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import nn
@@ -27,15 +28,16 @@ def layer_id(name: str, depth: int) -> int:
     return depth + 1
 
 
-def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict]:
+def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0) -> list[dict[str, Any]]:
     """Decayed weights and everything else (biases, norms, embeddings); with ``layer_decay`` < 1 also split by
     depth, each group's lr scaled by layer_decay ** (depth + 1 - layer id): the head at the full lr, each block
     below it a factor lower, the embeddings lowest (the fine-tuning recipe of BEiT and MAE)."""
-    skip = model.no_weight_decay() if hasattr(model, "no_weight_decay") else set()
+    listed = getattr(model, "no_weight_decay", None)
+    skip: set[str] = set(listed()) if callable(listed) else set()
     depth = len(getattr(model, "blocks", ()))
     if layer_decay != 1.0 and not depth:
         raise UserError(f"optim.layer_decay={layer_decay}: layer-wise decay needs a ViT (a model with blocks)")
-    groups: dict[tuple[int, bool], dict] = {}
+    groups: dict[tuple[int, bool], dict[str, Any]] = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue

@@ -15,6 +15,7 @@ import torch
 
 from ..data import DataConfig, build_datasets
 from ..errors import UserError
+from ..models import BiTConfig, ResNetConfig, ViTConfig
 from ..predict import Preprocessing, load_for_inference
 from .config import config_from_dict, data_section
 from .distributed import pick_device
@@ -86,7 +87,9 @@ def evaluate_checkpoint(
     model, prep, metadata = load_for_inference(path, **model_overrides)
     data_cfg = checkpoint_data(path, metadata, prep, data, overrides)
     _, eval_ds, info = build_datasets(data_cfg)
-    num_classes = model.config.num_classes
+    config = model.config
+    assert isinstance(config, (ViTConfig, ResNetConfig, BiTConfig)), f"not a registered model: {type(model)}"
+    num_classes = config.num_classes
     if info.num_classes != num_classes:
         raise UserError(f"{path}: the model has {num_classes} classes but the data has {info.num_classes}")
     names = metadata.get("class_names")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
@@ -68,11 +68,15 @@ def read_train_state(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
             tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
-    except Exception as e:  # safetensors raises its own error types for truncated/corrupt files
+    except SafetensorError as e:  # safetensors' own type, for a bad header, a truncated body, a wrong dtype, ...
         raise UserError(f"{path}: not a readable training state ({e})") from None
     if _META_KEY not in meta:
         raise UserError(f"{path}: a safetensors file without the {_META_KEY!r} metadata of a vitkit training state")
-    return json.loads(meta[_META_KEY]), tensors
+    try:
+        doc = json.loads(meta[_META_KEY])
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}: the training state's {_META_KEY!r} metadata is not valid JSON ({e})") from None
+    return doc, tensors
 
 
 def load_train_state(

@@ -1,0 +1,75 @@
+"""What this machine can do, asked in one place: the CPU's instruction-set flags, whether bf16 is native, and the
+autocast context for a precision name (``none`` / ``bf16`` / ``fp16``).
+
+Training, evaluation, few-shot features, the benchmark and the inference switch (fast.py) all ask here, so that a
+run's precision means the same thing to each of them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+
+import torch
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # autocast precisions; "none" runs in fp32
+
+
+@functools.cache
+def _cpuinfo() -> tuple[frozenset[str], str | None]:
+    """(the flags of /proc/cpuinfo's first processor, its model name); empty and None off Linux."""
+    flags: frozenset[str] = frozenset()
+    name: str | None = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "flags" and not flags:
+                    flags = frozenset(value.split())
+                elif key == "model name" and name is None:
+                    name = value.strip()
+                if flags and name is not None:
+                    break
+    except OSError:
+        pass
+    return flags, name
+
+
+def cpu_flags() -> frozenset[str]:
+    """The instruction-set flags of this CPU (``avx512_bf16``, ``amx_int8``, ...); empty where unknown."""
+    return _cpuinfo()[0]
+
+
+def cpu_model_name() -> str | None:
+    """The CPU's model name as /proc/cpuinfo gives it, or None where unknown."""
+    return _cpuinfo()[1]
+
+
+def cpu_has_fast_bf16() -> bool:
+    """True when this CPU multiplies bf16 natively (AMX-BF16 or AVX512-BF16); otherwise bf16 is emulated."""
+    flags = cpu_flags()
+    if not flags:  # not Linux: trust oneDNN's own check
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return "amx_bf16" in flags or "avx512_bf16" in flags
+
+
+def cpu_has_vnni() -> bool:
+    """True when this CPU has 8-bit dot-product instructions (AVX512-VNNI, AVX-VNNI or AMX-INT8)."""
+    return not cpu_flags().isdisjoint({"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def bf16_is_fast(device: torch.device) -> bool:
+    """Whether bf16 matmuls are native on device (CUDA with bf16 support, or a CPU with AMX / AVX512-BF16)."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and cpu_has_fast_bf16()
+
+
+def autocast(device: torch.device | str, amp: str) -> contextlib.AbstractContextManager[object]:
+    """The mixed-precision context for amp (``none``: a no-op, ``bf16`` or ``fp16``: torch.autocast) on device."""
+    if amp == "none":
+        return contextlib.nullcontext()
+    if amp not in AMP_DTYPES:
+        raise ValueError(f"amp {amp!r}: expected none or one of {sorted(AMP_DTYPES)}")
+    return torch.autocast(torch.device(device).type, dtype=AMP_DTYPES[amp])
