@@ -21,9 +21,10 @@ from PIL import Image
 import vitkit
 from vitkit import ResNetConfig, UserError, VisionTransformer, ViTConfig
 from vitkit.bench.memory import measure_step_memory
-from vitkit.checkpoint import load_model, save_pretrained
+from vitkit.checkpoint import save_pretrained
 from vitkit.cli import main
 from vitkit.errors import ConfigError
+from vitkit.hub import load_model
 from vitkit.train import build_model, config_from_dict, train
 from vitkit.train.config import _section_types
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -36,9 +37,11 @@ import torch
 
 from ..errors import UserError
 from ..models.common import as_pair
+from .base import Checkpoint, read_npz
 from .infer import infer_vit_config_with_guesses
 
 Params = Mapping[str, np.ndarray]
+FORMAT = "official"
 
 PREFIXES = ("opt/target/", "params/", "target/", "model/")
 # big_vision's load_params: a checkpoint with a "params" tree (optax) or an "opt/target" tree (flax.optim) keeps the
@@ -385,6 +388,19 @@ def read_official_checkpoint(
         state, source, gelu="tanh", num_heads=int(heads), img_size=img_size, pos_embed=pos_embed
     )
     return OfficialRead(config, state, from_caller, {} if chosen is None else {"tower": chosen})
+
+
+def detect(path: str | Path) -> bool:
+    """An .npz file (the BiT ones, named resnet/..., are big_transfer's: asked first)."""
+    path = Path(path)
+    return path.is_file() and path.suffix == ".npz"
+
+
+def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
+    """An official .npz: config from names and shapes, ``overrides`` for what the file does not say (see
+    read_official_checkpoint), ``tower`` for an image-text checkpoint's image tower."""
+    got = read_official_checkpoint(read_npz(path), overrides, tower)
+    return Checkpoint(path, FORMAT, got.config, got.state, got.metadata, got.from_caller)
 
 
 def infer_official_config(params: Params) -> dict[str, Any]:
