@@ -46,13 +46,18 @@ class Prediction:
 
 # --------------------------------------------------------------------------------------------- metadata
 def preprocessing_for(
-    model: nn.Module, metadata: Mapping[str, Any] | None = None, source: str = "checkpoint metadata"
+    model: nn.Module,
+    metadata: Mapping[str, Any] | None = None,
+    source: str = "checkpoint metadata",
+    square: bool = True,
 ) -> Preprocessing:
     """The evaluation preprocessing of a model: its metadata's record, else [-1, 1] pixels at its own size.
 
-    Only square inputs are supported here (vitkit's image transform makes squares)."""
+    With ``square`` another input shape is a UserError (vitkit's image transform makes squares); exporters,
+    which only describe the input, pass False."""
     prep = for_config(metadata or {}, config_of(model).to_dict(), source)
-    prep.square_size(source)
+    if square:
+        prep.square_size(source)
     return prep
 
 

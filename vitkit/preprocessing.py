@@ -130,7 +130,8 @@ class Preprocessing:
         """preprocessor_config.json for transformers' AutoImageProcessor (and so its pipelines).
 
         The whole image resized (crop fraction 1) is ViTImageProcessor; a centre crop below 384 pixels is
-        ConvNextImageProcessor's crop_pct (short side to size / crop_pct, then the centre), the same rule.
+        ConvNextImageProcessor's crop_pct (short side to size / crop_pct, then the centre), the same rule up to
+        the long side's last pixel (transformers truncates it, vitkit rounds it).
         """
         common: dict[str, Any] = dict(
             do_resize=True,

@@ -5,8 +5,8 @@ Each row of PRETRAINED says where the file is (an https URL, or a Hugging Face H
 its size and sha256 where published (None where not: nothing here is guessed), the evaluation preprocessing
 it was trained for, its classes, its licence, and the model config fields it needs beyond the registry row
 (``config``: 21843 classes and a pre-logits layer for the original ImageNet-21k files, 384 pixels for most
-ImageNet-1k fine-tunes). ``row.metadata()`` gives the keys vitkit.predict reads (class_names, img_size, mean,
-std, in_chans, crop_fraction), so predict / eval preprocess as the weights expect.
+ImageNet-1k fine-tunes). ``row.preprocessing()`` is the weights' preprocessing record (vitkit.preprocessing) and
+``row.metadata()`` that record with the row's provenance, so predict / eval preprocess as the weights expect.
 
 Where the rows come from:
   - the original release (2020), google-research/vision_transformer: README "Available ViT models" and the
@@ -57,6 +57,7 @@ from typing import Any
 
 from .errors import UserError
 from .models.registry import MODELS
+from .preprocessing import Preprocessing
 
 __all__ = [
     "PRETRAINED",
@@ -116,24 +117,23 @@ class PretrainedRow:
         rev = "" if self.revision == "main" else f"@{self.revision}"
         return f"hf://{self.hub_repo}/{self.hub_files[-1]}{rev}"
 
-    def metadata(self) -> dict[str, Any]:
-        """What the file expects and predicts, in the keys vitkit.predict.dataset_info reads (and a few more)."""
-        meta: dict[str, Any] = dict(
+    def preprocessing(self) -> Preprocessing:
+        """What the file expects and predicts: the table's one record of it (vitkit.preprocessing)."""
+        names = class_names(self.classes)
+        return Preprocessing(
             img_size=self.img_size,
             mean=list(self.mean),
             std=list(self.std),
             in_chans=len(self.mean),
             crop_fraction=self.crop_fraction,
             interpolation=self.interpolation,
-            classes=self.classes,
-            pretrained_tag=self.tag,
-            source=self.source,
-            licence=self.licence,
+            class_names=names if names is not None and len(names) == self.num_classes else None,
         )
-        names = class_names(self.classes)
-        if names is not None and len(names) == self.num_classes:
-            meta["class_names"] = names
-        return meta
+
+    def metadata(self) -> dict[str, Any]:
+        """The row as checkpoint metadata: its preprocessing record's keys, then its provenance."""
+        provenance = dict(classes=self.classes, pretrained_tag=self.tag, source=self.source, licence=self.licence)
+        return {**self.preprocessing().to_dict(), **provenance}
 
 
 # ------------------------------------------------------------------------------------------------ the table

@@ -47,7 +47,7 @@ from ..io import atomic_write
 from ..models import VisionTransformer
 from ..models.posemb import resample_pos_embed, resample_relative
 from ..models.registry import config_class, model_from_config
-from ..preprocessing import Preprocessing
+from ..preprocessing import for_config
 from . import big_transfer, hf, native, official, timm
 from .base import Checkpoint, read_npz
 
@@ -287,7 +287,8 @@ def read_model(
     guessed = {name: text for name, text in ckpt.guessed.items() if name not in overrides}
     report = _load(model, ckpt, strict=True, guessed=guessed, drop=tuple(drop))
     if guessed:  # a wrong guess loads without a shape error and computes another function: say so once
-        warnings.warn(f"{ckpt.path}: guessed {'; '.join(guessed.values())}", UserWarning, stacklevel=3)  # the caller of vitkit.load_model
+        text = f"{ckpt.path}: guessed {'; '.join(guessed.values())}"
+        warnings.warn(text, UserWarning, stacklevel=3)  # at the caller of vitkit.load_model
     return model, report
 
 
@@ -334,7 +335,7 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
         raise UserError(f"{', '.join(existing)}: exists; pass --force (force=True) to replace it")
     model, report = read_model(src, **overrides)
     metadata = report.metadata
-    prep = preprocessing_of_model(model, metadata, str(src))
+    prep = for_config(metadata, config_of(model).to_dict(), str(src))  # the record, at the model's own size
     if to == "vitkit":
         return native.save_pretrained(model, dst, metadata={**metadata, **prep.to_dict()})
     if to == "hf":
@@ -351,9 +352,3 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
     atomic_write(out, write_npz)
     return out
 
-
-def preprocessing_of_model(model: nn.Module, metadata: dict[str, Any], source: str) -> Preprocessing:
-    """The record of a loaded model: its checkpoint's metadata at the model's (perhaps overridden) config."""
-    from ..preprocessing import for_config
-
-    return for_config(metadata, config_of(model).to_dict(), source)
