@@ -25,7 +25,8 @@ IMAGENET = dict(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
 
 def classifier(img_size: int = 32) -> VisionTransformer:
     torch.manual_seed(0)
-    model = VisionTransformer(img_size=img_size, patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=7)
+    dims = dict(patch_size=8, width=32, depth=1, num_heads=2, mlp_dim=64, num_classes=7)
+    model = VisionTransformer(img_size=img_size, **dims)
     with torch.no_grad():  # the head is zero-initialised: give it weights so the classes differ
         torch.nn.init.normal_(model.head.weight, std=1.0)
     return model.eval()

@@ -28,3 +28,8 @@ def vit_config_of(model: nn.Module, what: str = "this") -> ViTConfig:
     if not isinstance(cfg, ViTConfig):
         raise UserError(f"{what} needs a vitkit VisionTransformer, not {type(model).__name__}")
     return cfg
+
+
+def pair(value: int | tuple[int, int]) -> tuple[int, int]:
+    """(height, width) of a size or patch a config field holds as one int or a pair (configs store pairs)."""
+    return (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))

@@ -86,6 +86,7 @@ def export_onnx(
             dynamic_shapes=({0: batch},),
             verbose=verbose,
         )
+        assert program is not None  # the dynamo exporter always returns its program
         program.model.metadata_props.update(props)
         if not int8:
             atomic_write(path, lambda tmp: program.save(tmp))

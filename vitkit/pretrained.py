@@ -106,6 +106,13 @@ class PretrainedRow:
         return f"{self.model}.{self.weights}"
 
     @property
+    def repo(self) -> str:
+        """The Hub repository of a Hub row (a row with a URL has none: asking is a bug)."""
+        if self.hub_repo is None:
+            raise ValueError(f"{self.tag}: a URL row has no Hub repository")
+        return self.hub_repo
+
+    @property
     def num_classes(self) -> int:
         return int(self.config.get("num_classes", CLASS_COUNTS[self.classes]))
 
@@ -329,7 +336,7 @@ def url_cache_path(url: str) -> Path:
 
 def _manual_hub_dir(row: PretrainedRow) -> Path:
     """Where a Hub row's files may be put by hand: <cache>/<repo>/ (used before asking the Hub)."""
-    return cache_dir().joinpath(*row.hub_repo.split("/"))
+    return cache_dir().joinpath(*row.repo.split("/"))
 
 
 def _hub_cache_dir() -> str | None:
@@ -366,7 +373,7 @@ def cached_path(row: PretrainedRow) -> Path | None:
 
     found = []
     for name in row.hub_files:
-        hit = try_to_load_from_cache(row.hub_repo, name, cache_dir=_hub_cache_dir(), revision=row.revision)
+        hit = try_to_load_from_cache(row.repo, name, cache_dir=_hub_cache_dir(), revision=row.revision)
         if not isinstance(hit, str):
             return None
         found.append(Path(hit))
@@ -481,15 +488,15 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
         else:
             by_hand = f"fetch {', '.join(row.hub_files)} elsewhere and put them in {manual}"
         try:
-            path = hf_hub_download(row.hub_repo, name, revision=revision, cache_dir=cache, local_files_only=True)
+            got = hf_hub_download(row.repo, name, revision=revision, cache_dir=cache, local_files_only=True)
         except LocalEntryNotFoundError:
             if _hub_offline():
                 raise UserError(f"{url}: not in the cache and HF_HUB_OFFLINE is set; {by_hand}") from None
             endpoint = os.environ.get("HF_ENDPOINT") or None  # read per call (huggingface_hub reads it at import)
             try:
-                path = hf_hub_download(
-                    row.hub_repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
-                    **({} if progress else {"tqdm_class": _silent_tqdm()}),
+                got = hf_hub_download(
+                    row.repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
+                    tqdm_class=None if progress else _silent_tqdm(),
                 )  # fmt: skip
             except (HfHubHTTPError, EntryNotFoundError) as e:
                 # huggingface_hub reports a failed look-up as LocalEntryNotFoundError, the HTTP answer (if any)
@@ -500,7 +507,7 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
                     raise UserError(f"{url}: HTTP {status}; no file was saved") from None
                 cause = _first_line(e.__cause__ or e)
                 raise UserError(f"{url}: cannot download ({cause}); without network access, {by_hand}") from None
-        path = Path(path)
+        path = Path(got)
         if row.sha256 is not None and name == row.hub_files[-1]:
             try:
                 _check_file(path.resolve(), url, row.sha256, row.size)
@@ -513,7 +520,7 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
     return _checkpoint_path(row, files)
 
 
-def _first_line(error: Exception) -> str:
+def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
 

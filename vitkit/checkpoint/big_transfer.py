@@ -184,8 +184,9 @@ def read_timm_resnetv2(
 def adapt_head(target: Mapping[str, torch.Tensor], state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
     """Leave the model's fresh (zero) head where the stored one has another class count, as big_transfer's
     fine-tuning does (``zero_head=True``). Changes ``state``; returns (reinitialised, dropped) key lists."""
-    stored = [k for k in ("head.weight", "head.bias") if k in state]
-    wanted = [k for k in ("head.weight", "head.bias") if k in target]
+    head: tuple[str, ...] = ("head.weight", "head.bias")
+    stored = [k for k in head if k in state]
+    wanted = [k for k in head if k in target]
     if stored and wanted and state["head.weight"].shape == target["head.weight"].shape:
         return [], []
     dropped = []

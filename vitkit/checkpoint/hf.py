@@ -19,9 +19,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..config_of import vit_config_of
+from ..config_of import pair
 from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
+from ..models import ViTConfig
 from ..preprocessing import Preprocessing, class_names_from_labels, for_config, from_hf_processor
 from .base import Checkpoint, config_path, read_config_and_weights, read_config_json
 
@@ -190,9 +191,10 @@ def hf_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------------- writing
-def _check_exportable(model: nn.Module) -> None:
-    cfg = model.config
-    if getattr(cfg, "arch", None) != "vit":
+def _check_exportable(model: nn.Module) -> ViTConfig:
+    """The model's config, if HF's ViT can hold the model; else a UserError saying what it cannot hold."""
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ViTConfig):
         raise UserError(f"only VisionTransformer models convert to Hugging Face ViT, not {type(model).__name__}")
     if cfg.classifier != "token":
         raise UserError(f"Hugging Face ViT pools its class token only, not classifier={cfg.classifier!r}")
@@ -203,14 +205,15 @@ def _check_exportable(model: nn.Module) -> None:
             "Hugging Face ViT has learned 1-D position embeddings added at the input only, not "
             f"pos_embed={cfg.pos_embed!r}, pos_embed_where={cfg.pos_embed_where!r}"
         )
+    return cfg
 
 
 def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> transformers.ViTConfig:
     """The transformers.ViTConfig that reproduces a vitkit ViT's numerics (GELU variant, LayerNorm eps)."""
     import transformers
 
-    _check_exportable(model)
-    cfg = model.config
+    cfg = _check_exportable(model)
+    h, w = pair(cfg.img_size)
     num_classes = cfg.num_classes
     if id2label is None and num_classes:
         id2label = {i: f"LABEL_{i}" for i in range(num_classes)}
@@ -223,8 +226,8 @@ def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> t
         hidden_dropout_prob=cfg.dropout,
         attention_probs_dropout_prob=cfg.attn_dropout,
         layer_norm_eps=cfg.ln_eps,
-        image_size=list(cfg.img_size) if cfg.img_size[0] != cfg.img_size[1] else cfg.img_size[0],
-        patch_size=cfg.patch_size[0],
+        image_size=[h, w] if h != w else h,
+        patch_size=pair(cfg.patch_size)[0],
         num_channels=cfg.in_chans,
         qkv_bias=True,
         pooler_output_size=cfg.representation_size,
@@ -242,11 +245,10 @@ def vitkit_to_hf(
     num_classes is 0). With pre-logits the keys are ViTModel's with its pooler = pre-logits; the head (if any)
     has no place there and is refused: reset_classifier(0, keep_pre_logits=True) first to export features.
     """
-    cfg = model.config
-    _check_exportable(model)
+    cfg = _check_exportable(model)
     if layout not in LAYOUTS:
         raise UserError(f"layout={layout!r}: expected one of {sorted(LAYOUTS)}")
-    if cfg.patch_size[0] != cfg.patch_size[1]:
+    if pair(cfg.patch_size)[0] != pair(cfg.patch_size)[1]:
         raise UserError(f"Hugging Face ViT needs square patches, got patch_size={cfg.patch_size}")
     if cfg.representation_size and cfg.num_classes:
         raise UserError(
@@ -284,9 +286,10 @@ def to_hf_model(model: nn.Module) -> transformers.ViTForImageClassification:
     """
     import transformers
 
-    if model.config.representation_size:
+    cfg = _check_exportable(model)
+    if cfg.representation_size:
         raise UserError("ViTForImageClassification has no pre-logits layer: call model.reset_classifier(n) first")
-    if not model.config.num_classes:
+    if not cfg.num_classes:
         raise UserError("ViTForImageClassification needs a head: the model has num_classes=0")
     hf_config = hf_config_for(model)
     hf_config._attn_implementation = "eager"
@@ -294,7 +297,8 @@ def to_hf_model(model: nn.Module) -> transformers.ViTForImageClassification:
     _, state = vitkit_to_hf(model, layout=hf_layout(hf.state_dict()))
     hf.load_state_dict(state, strict=True)
     ref = next(model.parameters())
-    return hf.to(device=ref.device, dtype=ref.dtype).eval()
+    # nn.Module.to itself: transformers wraps its override in a decorator whose type hides the method
+    return nn.Module.to(hf, device=ref.device, dtype=ref.dtype).eval()
 
 
 def save_hf(
@@ -313,7 +317,7 @@ def save_hf(
     from safetensors.torch import save_file
 
     directory = Path(directory)
-    cfg = vit_config_of(model, "a Hugging Face export")
+    cfg = _check_exportable(model)
     prep = preprocessing or for_config({}, cfg.to_dict(), source="the model")
     names = class_names or prep.class_names
     id2label = dict(enumerate(names)) if names and len(names) == cfg.num_classes else None

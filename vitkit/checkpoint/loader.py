@@ -347,8 +347,7 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
 
     def write_npz(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object, so numpy does not append '.npz' to the temp name
-            np.savez(f, **params)
+            np.savez(f, allow_pickle=False, **params)
 
     atomic_write(out, write_npz)
     return out
-

@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from ..models import ViTConfig
 from ..models.common import as_pair
 from .base import Checkpoint, read_npz
 from .infer import infer_vit_config_with_guesses
@@ -442,9 +443,9 @@ def vitkit_to_official(model: torch.nn.Module, naming: str = "released", prefix:
     """
     if naming not in BLOCK_NAMINGS:
         raise UserError(f"naming={naming!r}: expected one of {sorted(BLOCK_NAMINGS)}")
-    cfg = model.config
+    cfg = getattr(model, "config", None)
     if (
-        getattr(cfg, "arch", None) != "vit"
+        not isinstance(cfg, ViTConfig)
         or cfg.pos_embed_where != "input"
         or cfg.pos_embed not in ("learned", *_TABLELESS)
     ):

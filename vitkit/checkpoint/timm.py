@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..config_of import vit_config_of
+from ..config_of import pair, vit_config_of
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write, atomic_write_text
 from ..models import ViTConfig
@@ -347,7 +347,7 @@ def architecture_name(model: nn.Module) -> str:
     cfg = vit_config_of(model, "architecture_name")
     if cfg.resnet_layers is not None:
         return HYBRID_ARCH
-    (ph, pw), (h, w) = cfg.patch_size, cfg.img_size
+    (ph, pw), (h, w) = pair(cfg.patch_size), pair(cfg.img_size)
     if ph != pw or h != w or cfg.mlp_dim != 4 * cfg.width:
         return GENERIC_ARCH
     for size, row in TIMM_SIZES.items():
