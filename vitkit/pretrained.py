@@ -44,18 +44,15 @@ import difflib
 import fnmatch
 import hashlib
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from http.client import HTTPException, IncompleteRead
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .io import atomic_write
 from .models.registry import MODELS
 from .preprocessing import Preprocessing
 
@@ -419,57 +416,47 @@ def _lock(path: Path):
 def download_url(
     url: str, dst: str | Path, sha256: str | None = None, size: int | None = None, progress: bool = True
 ) -> Path:
-    """Download ``url`` to ``dst`` (unless it is there), the way torch.hub.download_url_to_file does.
+    """Download ``url`` to ``dst`` (unless it is there) with huggingface_hub's downloader (``http_get``: its
+    resume of a dropped connection and its progress bar), written through vitkit's ``atomic_write`` under a
+    lock file.
 
-    The body goes to a temporary file beside dst and is renamed onto dst only when complete and checked, all
-    under a lock file: a concurrent download of the same file waits and then uses the first one's result; an
-    interrupted one leaves nothing under dst. Failures are one-line UserErrors naming the URL: an HTTP
-    error, a body shorter than announced, a size / sha256 mismatch (the download is deleted), or no network
-    (with where to put the file by hand).
+    The body is checked (size, sha256) before it is renamed onto dst: a concurrent download of the same file
+    waits on the lock and then uses the first one's result; an interrupted one leaves nothing under dst.
+    Failures are one-line UserErrors naming the URL: an HTTP error, a body shorter than announced, a size /
+    sha256 mismatch (the download is deleted), or no network (with where to put the file by hand).
     """
-    from tqdm import tqdm
-
     dst = Path(dst)
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     with _lock(dst):
-        if dst.is_file():  # another process (or an earlier call) finished it while we waited
-            return dst
-        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.part")
-        request = urllib.request.Request(url, headers={"User-Agent": "vitkit"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response, open(tmp, "wb") as f:
-                total = response.headers.get("Content-Length")
-                total = int(total) if total and total.isdigit() else None
-                done = 0
-                with tqdm(
-                    total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=dst.name, disable=not progress
-                ) as bar:
-                    while chunk := response.read(1 << 20):
-                        f.write(chunk)
-                        done += len(chunk)
-                        bar.update(len(chunk))
-                if total is not None and done != total:
-                    raise IncompleteRead(b"", total - done)
-            _check_file(tmp, url, sha256, size)
-            os.replace(tmp, dst)
-        except urllib.error.HTTPError as e:
-            raise UserError(f"{url}: HTTP {e.code} {e.reason}; no file was saved") from None
-        except IncompleteRead as e:
-            raise UserError(
-                f"{url}: the download ended early ({e.expected} more bytes were announced); no file was saved, "
-                "run again to retry"
-            ) from None
-        except (urllib.error.URLError, HTTPException, ConnectionError, TimeoutError) as e:
-            reason = getattr(e, "reason", None) or e
-            raise UserError(
-                f"{url}: cannot download ({reason}); without network access, fetch this URL elsewhere and put the "
-                f"file at {dst}"
-            ) from None
-        finally:
-            tmp.unlink(missing_ok=True)
+        if not dst.is_file():  # else another process (or an earlier call) finished it while we waited
+            atomic_write(dst, lambda tmp: _fetch(url, Path(tmp), dst, sha256, size, progress))
     return dst
+
+
+def _fetch(url: str, tmp: Path, dst: Path, sha256: str | None, size: int | None, progress: bool) -> None:
+    """The body of ``url`` into ``tmp``, checked; failures as UserErrors (not OSErrors, which atomic_write would
+    take for a failed write)."""
+    import httpx2  # huggingface_hub's HTTP client
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.file_download import http_get
+
+    try:
+        with open(tmp, "wb") as f:
+            http_get(url, f, displayed_filename=dst.name, tqdm_class=None if progress else _silent_tqdm())
+    except HfHubHTTPError as e:
+        status = getattr(e.response, "status_code", None)
+        reason = getattr(e.response, "reason_phrase", "")
+        raise UserError(f"{url}: HTTP {status} {reason}; no file was saved") from None
+    except httpx2.RemoteProtocolError as e:  # the server closed the connection before the announced length
+        raise UserError(f"{url}: the download ended early ({e}); no file was saved, run again to retry") from None
+    except (httpx2.TransportError, OSError) as e:
+        raise UserError(
+            f"{url}: cannot download ({_first_line(e)}); without network access, fetch this URL elsewhere and put "
+            f"the file at {dst}"
+        ) from None
+    _check_file(tmp, url, sha256, size)
 
 
 def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:

@@ -36,6 +36,7 @@ __all__ = [
     "read_config_and_weights",
     "read_config_json",
     "read_npz",
+    "weights_path",
 ]
 
 CONFIG_NAME = "config.json"
@@ -133,30 +134,32 @@ def config_path(path: str | Path) -> Path:
     return path / CONFIG_NAME if path.is_dir() else path.with_name(CONFIG_NAME)
 
 
-def read_config_and_weights(
-    path: str | Path, weight_names: Sequence[str], what: str, need_config: bool = True
-) -> tuple[dict[str, Any] | None, Path | None, dict[str, torch.Tensor]]:
-    """(config.json as a dict or None, its path or None, the weights) of a directory or a weights file in one.
-
-    The weights are ``path`` itself when it is a file other than config.json, else the first of
-    ``weight_names`` present in the directory. ``what`` names the format in errors; without ``need_config`` a
-    missing config.json is None rather than an error.
-    """
+def weights_path(path: str | Path, weight_names: Sequence[str], what: str) -> Path:
+    """The weights file of a checkpoint: ``path`` itself when it is a file other than config.json, else the first
+    of ``weight_names`` in its directory; none is a UserFileNotFoundError naming the format (``what``)."""
     path = Path(path)
+    if path.is_file() and path.name != CONFIG_NAME:
+        return path
     directory = path if path.is_dir() else path.parent
-    cfg_path = directory / CONFIG_NAME
-    config = None
-    if cfg_path.is_file():
-        config = read_config_json(cfg_path)
-    elif need_config:
-        raise UserFileNotFoundError(f"{cfg_path}: missing; a {what} checkpoint needs {CONFIG_NAME}")
-    weights = path if path.is_file() and path.name != CONFIG_NAME else None
-    weights = weights or next((directory / n for n in weight_names if (directory / n).is_file()), None)
-    if weights is None:
+    found = next((directory / n for n in weight_names if (directory / n).is_file()), None)
+    if found is None:
         raise UserFileNotFoundError(
             f"{directory}: no weights; a {what} checkpoint holds one of {', '.join(weight_names)}"
         )
-    return config, cfg_path if config is not None else None, load_tensor_file(weights)
+    return found
+
+
+def read_config_and_weights(
+    path: str | Path, weight_names: Sequence[str], what: str
+) -> tuple[dict[str, Any], Path, dict[str, torch.Tensor]]:
+    """(config.json as a dict, its path, the weights) of a checkpoint directory or a weights file in one: the
+    layout of vitkit's own and Hugging Face checkpoints (timm's hub directories read their optional config.json
+    themselves and their weights through ``weights_path``). ``what`` names the format in errors."""
+    cfg_path = config_path(path)
+    if not cfg_path.is_file():
+        raise UserFileNotFoundError(f"{cfg_path}: missing; a {what} checkpoint needs {CONFIG_NAME}")
+    config = read_config_json(cfg_path)
+    return config, cfg_path, load_tensor_file(weights_path(path, weight_names, what))
 
 
 def read_npz(path: str | Path) -> dict[str, np.ndarray]:

@@ -61,7 +61,6 @@ def detect(path: str | Path) -> bool:
 def read_native(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
     """(model config dict, state dict, metadata) from a vitkit directory (or its model.safetensors)."""
     doc, cfg_path, state = read_config_and_weights(path, (WEIGHTS_NAME,), "vitkit")
-    assert doc is not None  # need_config: a missing config.json is an error
     if doc.get("format") != FORMAT or not isinstance(doc.get("model"), dict):
         raise UserError(f"{cfg_path}: expected a vitkit config with keys 'format': 'vitkit' and 'model': {{...}}")
     metadata = doc.get("metadata") or {}

@@ -31,12 +31,12 @@ import torch
 from torch import nn
 
 from ..config_of import pair, vit_config_of
-from ..errors import UserError, UserFileNotFoundError
+from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
 from ..models import ViTConfig
 from ..preprocessing import Preprocessing, for_config, from_timm_config
 from . import big_transfer
-from .base import Checkpoint, config_path, load_tensor_file, read_config_json
+from .base import Checkpoint, config_path, load_tensor_file, read_config_json, weights_path
 from .infer import infer_vit_config_with_guesses
 
 FORMAT = "timm"
@@ -126,17 +126,9 @@ def detect(path: str | Path) -> bool:
 
 def read_timm_hub(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, Path | None]:
     """(state dict, timm config.json or None, its path) from a weights file or a timm hub directory."""
-    path = Path(path)
-    weights = path
-    if path.is_dir():
-        found = [path / n for n in HUB_WEIGHTS if (path / n).is_file()]
-        if not found:
-            raise UserFileNotFoundError(
-                f"{path}: no weights; a timm hub directory holds one of {', '.join(HUB_WEIGHTS)}"
-            )
-        weights = found[0]
     cfg_path = hub_config_path(path)
-    return load_tensor_file(weights), read_config_json(cfg_path) if cfg_path else None, cfg_path
+    weights = load_tensor_file(weights_path(path, HUB_WEIGHTS, "timm hub"))
+    return weights, read_config_json(cfg_path) if cfg_path else None, cfg_path
 
 
 def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
