@@ -150,3 +150,15 @@ def test_pretrained_rows_are_records():
     meta = row.metadata()
     assert Preprocessing.from_dict({k: meta[k] for k in prep.to_dict()}) == prep
     assert meta["pretrained_tag"] == row.tag
+
+
+def test_a_training_runs_data_info_is_the_record_its_checkpoint_is_read_with(tmp_path):
+    from vitkit.data import DataConfig, build_datasets
+    from vitkit.preprocessing import from_data_info
+
+    _, _, info = build_datasets(DataConfig(source="digits"))
+    prep = from_data_info(info)
+    assert (prep.img_size, prep.in_chans, prep.mean, prep.class_names) == (16, 1, [0.5], [str(k) for k in range(10)])
+    model = VisionTransformer(img_size=16, patch_size=4, in_chans=1, width=32, depth=1, num_heads=2, num_classes=10)
+    path = save_pretrained(model, tmp_path / "run", metadata={**info.to_dict(), **prep.to_dict(), "step": 3})
+    assert read_checkpoint(path).preprocessing == prep == load_for_inference(path)[1]

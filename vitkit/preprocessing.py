@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -276,6 +276,30 @@ def class_names_from_labels(labels: Any) -> list[str] | None:
         return None
     names = [str(n) for n in labels]
     return None if names == [f"LABEL_{i}" for i in range(len(names))] else names
+
+
+class DataInfo(Protocol):
+    """What a training run knows of its data (vitkit.data.DatasetInfo), as far as preprocessing goes."""
+
+    class_names: list[str]
+    in_chans: int
+    img_size: int
+    mean: list[float]
+    std: list[float]
+    crop_fraction: float
+
+
+def from_data_info(info: DataInfo) -> Preprocessing:
+    """The record a training run writes into its checkpoint's metadata (``{**record.to_dict(), ...}``): the
+    data's evaluation preprocessing and classes."""
+    return Preprocessing(
+        img_size=info.img_size,
+        mean=[float(v) for v in info.mean],
+        std=[float(v) for v in info.std],
+        in_chans=info.in_chans,
+        crop_fraction=info.crop_fraction,
+        class_names=[str(n) for n in info.class_names] or None,
+    )
 
 
 def from_hf_processor(doc: Mapping[str, Any], source: str = "preprocessor_config.json") -> dict[str, Any]:
