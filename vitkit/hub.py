@@ -39,10 +39,11 @@ def _row_for(name_or_path: str | Path, model: str | None = None) -> released.Pre
     return None
 
 
-def resolve_checkpoint(name_or_path: str | Path) -> str | Path:
-    """A local checkpoint path for a path or a pretrained tag (downloading the tag's file on first use)."""
+def resolve_checkpoint(name_or_path: str | Path) -> str | Path | Checkpoint:
+    """What a command that takes a checkpoint reads: a path as it is (read later, with the command's overrides),
+    a pretrained tag as its file read with its row's settings (downloaded on first use)."""
     row = _row_for(name_or_path)
-    return name_or_path if row is None else released.resolve_pretrained(row.tag)[0]
+    return name_or_path if row is None else _read_row(row)
 
 
 def create_model(name: str, pretrained: str | Path | None = None, **overrides: Any) -> nn.Module:

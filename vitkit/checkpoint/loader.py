@@ -309,7 +309,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = False, **overrides: Any) -> Path:
+def convert(
+    src: str | Path | Checkpoint, dst: str | Path, to: str = "vitkit", force: bool = False, **overrides: Any
+) -> Path:
     """Convert a checkpoint of any readable format to another; returns what was written.
 
     vitkit and hf write a directory (config.json + model.safetensors); timm writes a .safetensors file
@@ -335,7 +337,8 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
         raise UserError(f"{', '.join(existing)}: exists; pass --force (force=True) to replace it")
     model, report = read_model(src, **overrides)
     metadata = report.metadata
-    prep = for_config(metadata, config_of(model).to_dict(), str(src))  # the record, at the model's own size
+    source = str(src.path if isinstance(src, Checkpoint) else src)
+    prep = for_config(metadata, config_of(model).to_dict(), source)  # the record, at the model's own size
     if to == "vitkit":
         return native.save_pretrained(model, dst, metadata={**metadata, **prep.to_dict()})
     if to == "hf":
