@@ -113,14 +113,14 @@ class Preprocessing:
         so that data with another channel count (digits: 1) still takes them.
         """
         said = stated(metadata)
-        fields: dict[str, Any] = {
+        out: dict[str, Any] = {
             "img_size": self.size[0],
             "mean": list(self.mean) if "mean" in said else HALF,
             "std": list(self.std) if "std" in said else HALF,
         }
         if "crop_fraction" in said:
-            fields["eval_crop_fraction"] = self.crop_fraction
-        return fields
+            out["eval_crop_fraction"] = self.crop_fraction
+        return out
 
     def with_classes(self, names: Sequence[str] | None) -> Preprocessing:
         return replace(self, class_names=[str(n) for n in names] if names else None)
@@ -327,9 +327,10 @@ def from_hf_processor(doc: Mapping[str, Any], source: str = "preprocessor_config
         out.update(mean=0.0, std=1.0)
     if doc.get("crop_pct") is not None and doc.get("image_processor_type") == "ConvNextImageProcessor":
         out["crop_fraction"] = float(doc["crop_pct"])
-    resample = {code: name for name, code in PIL_RESAMPLE.items()}.get(doc.get("resample", 2))
-    if resample is not None:
-        out["interpolation"] = resample
+    resample = doc.get("resample", PIL_RESAMPLE["bilinear"])  # a PIL code, or (newer files) its name
+    name = resample if resample in INTERPOLATIONS else {c: n for n, c in PIL_RESAMPLE.items()}.get(resample)
+    if name is not None:
+        out["interpolation"] = name
     return out
 
 
