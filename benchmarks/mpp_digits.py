@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from vitkit.checkpoint import load_model
+from vitkit import load_model
 from vitkit.data import build_datasets
 from vitkit.evaluate import fewshot
 from vitkit.train import build_model, load_config, train

@@ -20,9 +20,10 @@ import pytest
 import torch
 
 from vitkit import UserError, VisionTransformer
-from vitkit.checkpoint import load_model, load_pretrained, read_checkpoint
+from vitkit.checkpoint import read_checkpoint
 from vitkit.checkpoint.official import vitkit_to_official
 from vitkit.cli import main as cli_main
+from vitkit.hub import load_model, load_pretrained
 from vitkit.inspect import probe_attention, query_attention, record_attention, rollout_map
 from vitkit.models.posemb import sincos_2d
 

@@ -13,8 +13,9 @@ from safetensors.torch import save_file
 
 import vitkit
 from vitkit import BiT, BiTConfig, UserError
-from vitkit.checkpoint import convert, detect_format, load_model, load_pretrained, save_pretrained
+from vitkit.checkpoint import convert, detect_format, save_pretrained
 from vitkit.errors import ConfigError
+from vitkit.hub import load_model, load_pretrained
 from vitkit.models import MODELS, ResNet, create_model
 
 R50, R101, R152 = (3, 4, 6, 3), (3, 4, 23, 3), (3, 8, 36, 3)

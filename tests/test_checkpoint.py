@@ -13,12 +13,13 @@ from safetensors.torch import save_file
 
 import vitkit
 from vitkit import UserError, VisionTransformer
-from vitkit.checkpoint import LoadReport, load_model, load_pretrained, native, save_pretrained
+from vitkit.checkpoint import LoadReport, native, save_pretrained
 from vitkit.checkpoint.hf import save_hf, to_hf_model, vitkit_to_hf
 from vitkit.checkpoint.infer import default_heads
 from vitkit.checkpoint.official import infer_official_config, vitkit_to_official
 from vitkit.checkpoint.timm import vitkit_to_timm
 from vitkit.cli import main as cli_main
+from vitkit.hub import load_model, load_pretrained
 from vitkit.models import ResNet, resample_pos_embed
 
 TINY = dict(img_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
@@ -296,7 +297,10 @@ def test_hf_reads_our_export(tmp_path):
     assert [hf.config.id2label[i] for i in range(5)] == names
     with torch.no_grad():
         torch.testing.assert_close(hf(pixel_values=images()).logits, model(images()), rtol=0, atol=1e-5)
-    assert load_model(directory, return_metadata=True)[1] == {"class_names": names}
+    # the classes from id2label, the preprocessing from the preprocessor_config.json written beside it
+    half = [0.5] * 3
+    said = {"class_names": names, "img_size": 32, "mean": half, "std": half, "interpolation": "bilinear"}
+    assert load_model(directory, return_metadata=True)[1] == said
 
 
 def test_hf_export_refuses_what_hf_cannot_express():

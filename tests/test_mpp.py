@@ -10,10 +10,11 @@ import pytest
 import torch
 from test_train import stopped_and_resumed
 
-from vitkit.checkpoint import load_model, read_native
+from vitkit.checkpoint import read_native
 from vitkit.cli import main as cli_main
 from vitkit.data import DatasetInfo
 from vitkit.errors import UserError
+from vitkit.hub import load_model
 from vitkit.models import VisionTransformer, model_from_config
 from vitkit.train import config_from_dict, train
 from vitkit.train.config import MPPConfig

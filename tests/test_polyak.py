@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from vitkit import UserError
-from vitkit.checkpoint import load_model, read_native
+from vitkit.checkpoint import read_native
+from vitkit.hub import load_model
 from vitkit.train import Trainer, config_from_dict, evaluate, train
 
 

@@ -24,6 +24,7 @@ from PIL import Image
 import vitkit
 from vitkit import UserError, VisionTransformer
 from vitkit import pretrained as released
+from vitkit.checkpoint import read_checkpoint
 from vitkit.checkpoint.hf import save_hf
 from vitkit.checkpoint.official import vitkit_to_official
 from vitkit.cli import main
@@ -395,6 +396,7 @@ def test_predict_and_convert_take_a_tag(tagged, tmp_path, capsys):
     assert main(["convert", "vit_ti16.test_npz", str(tmp_path / "converted")]) == 0
     converted = vitkit.load_model(str(tmp_path / "converted"))
     torch.testing.assert_close(converted.state_dict()["head.weight"], tagged.state_dict()["head.weight"])
+    assert read_checkpoint(tmp_path / "converted").preprocessing == prep  # the row's record, classes and all
 
 
 def test_models_lists_the_pretrained_tags(tagged, capsys):

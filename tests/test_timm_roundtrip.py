@@ -16,11 +16,12 @@ from safetensors.torch import save_file
 from test_checkpoint import randomized  # noise on every parameter, zero-initialised ones too
 
 from vitkit import UserError, VisionTransformer
-from vitkit.checkpoint import load_model, load_pretrained, save_pretrained
+from vitkit.checkpoint import read_checkpoint, save_pretrained
 from vitkit.checkpoint.hf import save_hf
 from vitkit.checkpoint.loader import convert, detect_format
 from vitkit.checkpoint.timm import vitkit_to_timm
 from vitkit.cli import main as cli_main
+from vitkit.hub import load_model, load_pretrained
 
 TINY = dict(img_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)
 
@@ -122,7 +123,8 @@ def test_config_json_is_timms_hub_config(tmp_path):
     assert (cfg["mean"], cfg["std"], cfg["crop_pct"]) == (meta["mean"], meta["std"], 0.875)
     assert doc["label_names"] == list("abcde")
     _, got = load_model(tmp_path / "t", return_metadata=True)
-    assert got == meta  # class names and preprocessing come back in vitkit's names
+    assert {k: got[k] for k in meta} == meta  # class names and preprocessing come back in vitkit's names
+    assert read_checkpoint(tmp_path / "t").preprocessing == read_checkpoint(src).preprocessing  # the whole record
 
 
 def test_config_json_names_timms_architecture_and_eps(tmp_path):
@@ -130,7 +132,10 @@ def test_config_json_names_timms_architecture_and_eps(tmp_path):
     convert(save_pretrained(ti16, tmp_path / "ti"), tmp_path / "ti_timm", to="timm")
     doc = json.loads((tmp_path / "ti_timm" / "config.json").read_text())
     assert doc["architecture"] == "vit_tiny_patch16_224" and "norm_eps" not in doc["model_args"]
-    assert "mean" not in doc["pretrained_cfg"]  # no metadata, no claim about the preprocessing
+    # no metadata: the record vitkit itself reads such a file with, [-1, 1] pixels, written out so that timm (whose
+    # default would be ImageNet's mean and std) preprocesses as vitkit does
+    pre = doc["pretrained_cfg"]
+    assert (pre["mean"], pre["std"], pre["crop_pct"], pre["input_size"]) == ([0.5] * 3, [0.5] * 3, 1.0, [3, 224, 224])
 
     convert(save_pretrained(build(**CASES["w48_h6_eps_rect"]), tmp_path / "e"), tmp_path / "e_timm", to="timm")
     args = json.loads((tmp_path / "e_timm" / "config.json").read_text())["model_args"]
@@ -161,7 +166,7 @@ def test_timm_hub_config_without_model_args(tmp_path):
     (hub / "config.json").write_text(json.dumps(doc))
     loaded, meta = load_quietly(hub, return_metadata=True)
     assert (loaded.config.num_heads, loaded.config.gelu, loaded.config.img_size) == (3, "exact", (224, 224))
-    assert meta == {"class_names": ["x", "y", "z"], "mean": [0.5] * 3}
+    assert meta == {"class_names": ["x", "y", "z"], "mean": [0.5] * 3, "in_chans": 3, "img_size": 224}
 
 
 def test_config_json_that_contradicts_the_weights_is_refused(tmp_path):

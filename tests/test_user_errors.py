@@ -18,10 +18,11 @@ from PIL import Image
 from safetensors.torch import save_file
 
 from vitkit import UserError, VisionTransformer
-from vitkit.checkpoint import load_model, save_pretrained
+from vitkit.checkpoint import save_pretrained
 from vitkit.checkpoint.hf import save_hf
 from vitkit.cli import main
 from vitkit.data import DataConfig, build_datasets
+from vitkit.hub import load_model
 from vitkit.train import load_config
 from vitkit.train.config import _UniqueKeyLoader
 

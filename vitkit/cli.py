@@ -342,15 +342,15 @@ def add_export(p: argparse.ArgumentParser) -> None:
 
 @command("export", "export a checkpoint to ONNX (dynamic batch) and check it against onnxruntime")
 def cmd_export(args: argparse.Namespace) -> int:
-    from torch import nn
 
     from .export import check_onnx, export_onnx
     from .hub import load_model
+    from .predict import preprocessing_for
 
     size = {"img_size": args.img_size} if args.img_size else {}
-    model = load_model(args.checkpoint, **_model_overrides(args), **size)
-    assert isinstance(model, nn.Module)  # asked for no metadata or report: the model alone
-    path = export_onnx(model, args.onnx, opset=args.opset, force=args.force, int8=args.int8)
+    model, metadata = load_model(args.checkpoint, return_metadata=True, **_model_overrides(args), **size)
+    prep = preprocessing_for(model, metadata, source=args.checkpoint, square=False)
+    path = export_onnx(model, args.onnx, opset=args.opset, force=args.force, int8=args.int8, preprocessing=prep)
     if args.int8:
         # int8 moves logits by a few percent: a check against gross errors (its accuracy: benchmarks/bench_vit.py)
         err = check_onnx(path, model, batch_sizes=(1, 3), rtol=0.2)

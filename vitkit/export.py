@@ -16,15 +16,18 @@ import io
 import logging
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .config_of import config_of
 from .errors import UserError, UserFileNotFoundError
 from .io import atomic_write
+from .preprocessing import Preprocessing, for_config, from_onnx_metadata
 
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
@@ -47,8 +50,12 @@ def export_onnx(
     verbose: bool = False,
     force: bool = False,
     int8: bool = False,
+    preprocessing: Preprocessing | None = None,
 ) -> Path:
     """Write model (fp32, eval) as ONNX with a dynamic batch axis; img_size defaults to the model's own.
+
+    The file's metadata_props carry the preprocessing record (``preprocessing``, else the model's own: [-1, 1]
+    pixels) at the exported size, and the class names: ``read_preprocessing(path)`` reads them back.
 
     The file is written atomically (an interrupted export or a full disk leaves no partial file under the
     name), and an existing file is replaced only with ``force``. ``int8``: the fp32 graph is then dynamically
@@ -59,9 +66,11 @@ def export_onnx(
     path = Path(path)
     if path.exists() and not force:
         raise UserError(f"{path}: exists; pass --force (force=True) to replace it")
-    config = model.config
+    config = config_of(model)
     size = img_size or config.img_size
     h, w = (size, size) if isinstance(size, int) else size
+    prep = preprocessing or for_config({}, config.to_dict(), source="the model")
+    props = replace(prep, img_size=h).to_onnx_metadata() if h == w else {}
     model = _fp32_eval(model)
     example = torch.zeros(2, config.in_chans, h, w, device=next(model.parameters()).device)
     batch = torch.export.Dim("batch", min=1, max=4096)
@@ -77,6 +86,8 @@ def export_onnx(
             dynamic_shapes=({0: batch},),
             verbose=verbose,
         )
+        assert program is not None  # the dynamo exporter always returns its program
+        program.model.metadata_props.update(props)
         if not int8:
             atomic_write(path, lambda tmp: program.save(tmp))
             return path
@@ -87,6 +98,13 @@ def export_onnx(
             program.save(str(fp32))
             atomic_write(path, lambda tmp: quantize_int8_onnx(fp32, tmp))
     return path
+
+
+def read_preprocessing(path: str | Path) -> Preprocessing:
+    """The preprocessing record an ONNX file written by ``export_onnx`` carries in its metadata_props."""
+    onnx = _require("onnx")
+    model = onnx.load(str(path), load_external_data=False)
+    return from_onnx_metadata({p.key: p.value for p in model.metadata_props}, source=f"{path}: metadata_props")
 
 
 def quantize_int8_onnx(src: str | Path, dst: str | Path) -> None:
@@ -114,7 +132,7 @@ def quantize_int8_onnx(src: str | Path, dst: str | Path) -> None:
 
 
 @contextlib.contextmanager
-def _silenced():
+def _silenced() -> Iterator[None]:
     """The exporter prints progress lines and warns about optional torchvision ops; keep the CLI output clean."""
     logger = logging.getLogger("torch.onnx")
     level = logger.level
@@ -159,7 +177,7 @@ def check_onnx(
     """Max |onnxruntime - torch| over random inputs at several batch sizes; raises ValueError above
     atol + rtol * max |torch| (an int8 graph is checked with rtol: a gross-error check, not its accuracy)."""
     session = onnx_session(path)
-    config = model.config
+    config = config_of(model)
     h, w = (int(d) for d in session.get_inputs()[0].shape[2:])
     model = _fp32_eval(model)
     device = next(model.parameters()).device

@@ -173,6 +173,8 @@ class InferenceModel(nn.Module):
     layers quantise their inputs themselves).
     """
 
+    _run: Callable[..., torch.Tensor]  # the model, or its compiled form: kept out of the module tree
+
     def __init__(self, model: nn.Module, dtype: torch.dtype, compile_mode: str, precision: str | None = None) -> None:
         super().__init__()
         self.model = model

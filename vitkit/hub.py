@@ -10,13 +10,14 @@ then read from the cache.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, overload
 
 from torch import nn
 
 from . import pretrained as released
 from .checkpoint import loader
 from .checkpoint.loader import Checkpoint, LoadReport
+from .config_of import config_of
 from .errors import UserError
 from .models import registry
 
@@ -38,10 +39,11 @@ def _row_for(name_or_path: str | Path, model: str | None = None) -> released.Pre
     return None
 
 
-def resolve_checkpoint(name_or_path: str | Path) -> str | Path:
-    """A local checkpoint path for a path or a pretrained tag (downloading the tag's file on first use)."""
+def resolve_checkpoint(name_or_path: str | Path) -> str | Path | Checkpoint:
+    """What a command that takes a checkpoint reads: a path as it is (read later, with the command's overrides),
+    a pretrained tag as its file read with its row's settings (downloaded on first use)."""
     row = _row_for(name_or_path)
-    return name_or_path if row is None else released.resolve_pretrained(row.tag)[0]
+    return name_or_path if row is None else _read_row(row)
 
 
 def create_model(name: str, pretrained: str | Path | None = None, **overrides: Any) -> nn.Module:
@@ -67,20 +69,7 @@ def read_checkpoint(name_or_path: str | Path) -> Checkpoint:
     """A checkpoint by path or pretrained tag, read into vitkit's naming: for a tag, with what the table says of
     its weights (config fields the file leaves unsaid, class names, preprocessing) over what the file says."""
     row = _row_for(name_or_path)
-    if row is None:
-        return loader.read_checkpoint(name_or_path)
-    path, _ = released.resolve_pretrained(row.tag)
-    ckpt = loader.read_checkpoint(path, row.format)
-    ckpt.config.update({k: v for k, v in row.config.items() if k in _UNSTATED})
-    ckpt.guessed = {k: v for k, v in ckpt.guessed.items() if k not in row.config}
-    ckpt.metadata = {**ckpt.metadata, **row.metadata()}
-    return ckpt
-
-
-def load_pretrained(model: nn.Module, source: str | Path | Checkpoint, strict: bool = True) -> LoadReport:
-    """vitkit.checkpoint.load_pretrained for a path, a Checkpoint or a pretrained tag (downloaded on first use)."""
-    ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source)
-    return loader.load_pretrained(model, ckpt, strict=strict)
+    return loader.read_checkpoint(name_or_path) if row is None else _read_row(row)
 
 
 # config fields a weights file may leave unsaid (a bare timm state dict: its head count and GELU); for a tag
@@ -88,36 +77,100 @@ def load_pretrained(model: nn.Module, source: str | Path | Checkpoint, strict: b
 _UNSTATED = ("num_heads", "gelu", "ln_eps")
 
 
+def _read_row(row: released.PretrainedRow) -> Checkpoint:
+    """The one place a pretrained row's settings meet its file: the config fields the file leaves unsaid (no
+    longer guessed), and the row's preprocessing, classes and provenance over the file's own metadata."""
+    path, _ = released.resolve_pretrained(row.tag)
+    ckpt = loader.read_checkpoint(path, row.format)
+    stated = {k: v for k, v in row.config.items() if k in _UNSTATED}
+    ckpt.config.update(stated)
+    ckpt.guessed = {k: v for k, v in ckpt.guessed.items() if k not in row.config}
+    ckpt.metadata = {**ckpt.metadata, **row.metadata()}
+    return ckpt
+
+
+def load_pretrained(
+    model: nn.Module,
+    source: str | Path | Checkpoint,
+    strict: bool = True,
+    format: str | None = None,
+    drop: tuple[str, ...] | list[str] = (),
+) -> LoadReport:
+    """Load a checkpoint (a path in any format, a pretrained tag, downloaded on first use, or a read Checkpoint)
+    into a model built for it; see vitkit.checkpoint.loader.read_into for what is adapted and what is an error."""
+    row = None if isinstance(source, Checkpoint) else _row_for(source)
+    ckpt = _read_row(row) if row is not None else source
+    return loader.read_into(model, ckpt, strict=strict, format=format, drop=drop)
+
+
+@overload
 def load_model(
-    name_or_path: str | Path,
+    name_or_path: str | Path | Checkpoint,
+    return_metadata: Literal[False] = False,
+    format: str | None = None,
+    return_report: Literal[False] = False,
+    **overrides: Any,
+) -> nn.Module: ...
+@overload
+def load_model(
+    name_or_path: str | Path | Checkpoint,
+    return_metadata: Literal[True],
+    format: str | None = None,
+    return_report: Literal[False] = False,
+    **overrides: Any,
+) -> tuple[nn.Module, dict[str, Any]]: ...
+@overload
+def load_model(
+    name_or_path: str | Path | Checkpoint,
+    return_metadata: Literal[False] = False,
+    format: str | None = None,
+    *,
+    return_report: Literal[True],
+    **overrides: Any,
+) -> tuple[nn.Module, LoadReport]: ...
+@overload
+def load_model(
+    name_or_path: str | Path | Checkpoint,
+    return_metadata: Literal[True],
+    format: str | None = None,
+    *,
+    return_report: Literal[True],
+    **overrides: Any,
+) -> tuple[nn.Module, dict[str, Any], LoadReport]: ...
+def load_model(
+    name_or_path: str | Path | Checkpoint,
     return_metadata: bool = False,
     format: str | None = None,
     return_report: bool = False,
     **overrides: Any,
-) -> nn.Module | tuple[Any, ...]:
+) -> (
+    nn.Module
+    | tuple[nn.Module, dict[str, Any]]
+    | tuple[nn.Module, LoadReport]
+    | tuple[nn.Module, dict[str, Any], LoadReport]
+):
     """Build a model from a pretrained tag or a checkpoint file alone and load it; overrides change its config.
 
     ``load_model("vit_b16.augreg_in21k_ft_in1k")`` downloads the released file on first use;
     ``load_model("ViT-B_16.npz", img_size=384, num_classes=10)`` reads a file (see
-    vitkit.checkpoint.loader.load_model: the configuration comes from the file, loading is strict). Returns
-    the model, then the metadata with return_metadata, then the LoadReport with return_report, as a tuple
-    when either is asked for. For a tag the metadata is what the table says of the weights (class names,
-    preprocessing, source, licence) over what the file says of itself.
+    vitkit.checkpoint.loader.read_model: the configuration comes from the file, loading is strict; ``drop`` and
+    ``tower`` pass through to it). Returns the model, then the metadata with return_metadata, then the LoadReport
+    with return_report, as a tuple when either is asked for. For a tag the metadata is what the table says of
+    the weights (class names, preprocessing, source, licence) over what the file says of itself.
     """
-    row = _row_for(name_or_path)
-    if row is None:
-        return loader.load_model(
-            name_or_path, return_metadata=return_metadata, format=format, return_report=return_report, **overrides
-        )
-    path, _ = released.resolve_pretrained(row.tag)
-    stated = {k: v for k, v in row.config.items() if k in _UNSTATED}
-    model, file_metadata, report = loader.load_model(
-        path, return_metadata=True, format=format or row.format, return_report=True, **{**stated, **overrides}
-    )
-    metadata = {**file_metadata, **row.metadata()}
-    if len(metadata.get("class_names") or ()) != model.config.num_classes:
-        metadata.pop("class_names", None)  # another head was asked for: the released names do not apply
-    if "img_size" in overrides:
-        metadata["img_size"] = overrides["img_size"]
-    extra = ([metadata] if return_metadata else []) + ([report] if return_report else [])
-    return (model, *extra) if extra else model
+    row = None if isinstance(name_or_path, Checkpoint) else _row_for(name_or_path)
+    source = _read_row(row) if row is not None else name_or_path
+    model, report = loader.read_model(source, format=format, **overrides)
+    metadata = report.metadata
+    if row is not None:
+        if len(metadata.get("class_names") or ()) != config_of(model).num_classes:
+            metadata.pop("class_names", None)  # another head was asked for: the released names do not apply
+        if "img_size" in overrides:
+            metadata["img_size"] = overrides["img_size"]
+    if return_metadata and return_report:
+        return model, metadata, report
+    if return_metadata:
+        return model, metadata
+    if return_report:
+        return model, report
+    return model

@@ -1,49 +1,32 @@
 """Classify image files with a trained model: top-k classes with probabilities.
 
 The preprocessing is the model's evaluation preprocessing: image size, per-channel mean / std, channel count
-and crop fraction come from the checkpoint's metadata (a vitkit checkpoint stores its DatasetInfo there);
-without metadata the paper's [-1, 1] scaling (mean = std = 0.5) at the model's own image size is used.
+and crop fraction are the checkpoint's one record of them (vitkit.preprocessing), read from its metadata;
+without one the paper's [-1, 1] scaling (mean = std = 0.5) at the model's own image size is used.
 Files are decoded and classified in batches; a file that cannot be read is reported in its result and the
 others are still classified.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from PIL import Image
 from torch import nn
 
+from .config_of import config_of
 from .data import eval_transform, load_image
-from .data.transforms import channel_stats
 from .errors import UserError, UserFileNotFoundError
-from .pixels import unnormalise
-
-# Where a DatasetInfo may sit inside checkpoint metadata: at the top level, or under one of these keys.
-_INFO_KEYS = ("data_info", "dataset_info", "dataset", "info", "data")
+from .preprocessing import Preprocessing, for_config
 
 
-@dataclass
-class Preprocessing:
-    """How an image file becomes a model input, and what the outputs are called."""
-
-    img_size: int
-    mean: list[float]
-    std: list[float]
-    in_chans: int = 3
-    crop_fraction: float = 1.0
-    class_names: list[str] | None = None
-
-    def transform(self):
-        """PIL image -> normalised float tensor (in_chans, img_size, img_size)."""
-        return eval_transform(self.img_size, self.mean, self.std, self.crop_fraction, self.in_chans)
-
-    def to_display(self, x: torch.Tensor) -> torch.Tensor:
-        """Undo the normalisation of one input (C, H, W) -> (H, W, C) pixels in [0, 1], for figures."""
-        return unnormalise(x, self.mean, self.std).permute(1, 2, 0)
+def image_transform(prep: Preprocessing) -> Callable[[Image.Image], torch.Tensor]:
+    """PIL image -> normalised float tensor (in_chans, img_size, img_size), as the record says."""
+    return eval_transform(prep.square_size(), prep.mean, prep.std, prep.crop_fraction, prep.in_chans)
 
 
 @dataclass
@@ -62,42 +45,20 @@ class Prediction:
 
 
 # --------------------------------------------------------------------------------------------- metadata
-def dataset_info(metadata: dict[str, Any]) -> dict[str, Any]:
-    """The DatasetInfo fields (class_names, img_size, mean, std, in_chans, crop_fraction) found in metadata."""
-    keys = ("class_names", "img_size", "mean", "std", "in_chans", "crop_fraction")
-    if any(k in metadata for k in keys):
-        return {k: metadata[k] for k in keys if k in metadata}
-    for key in _INFO_KEYS:
-        nested = metadata.get(key)
-        if isinstance(nested, dict) and any(k in nested for k in keys):
-            return {k: nested[k] for k in keys if k in nested}
-    return {}
-
-
 def preprocessing_for(
-    model: nn.Module, metadata: dict[str, Any] | None = None, source: str = "checkpoint metadata"
+    model: nn.Module,
+    metadata: Mapping[str, Any] | None = None,
+    source: str = "checkpoint metadata",
+    square: bool = True,
 ) -> Preprocessing:
-    """The evaluation preprocessing of a model: from its metadata, else [-1, 1] pixels at its own image size."""
-    info = dataset_info(metadata or {})
-    cfg = model.config
-    h, w = (cfg.img_size, cfg.img_size) if isinstance(cfg.img_size, int) else tuple(cfg.img_size)
-    if h != w:
-        raise UserError(f"{source}: the model takes {h}x{w} inputs; only square inputs are supported here")
-    size = int(info.get("img_size", h))
-    if cfg.arch == "vit" and not cfg.dynamic_img_size:
-        size = h  # a ViT takes exactly its own resolution (it may have been re-sized after training)
-    chans = int(info.get("in_chans", cfg.in_chans))
-    if chans != cfg.in_chans:
-        raise UserError(f"{source}: in_chans={chans} but the model takes {cfg.in_chans} channels")
-    names = info.get("class_names")
-    return Preprocessing(
-        img_size=size,
-        mean=channel_stats(info.get("mean", 0.5), chans, "mean", where=source),
-        std=channel_stats(info.get("std", 0.5), chans, "std", where=source),
-        in_chans=chans,
-        crop_fraction=float(info.get("crop_fraction", 1.0)),
-        class_names=[str(n) for n in names] if names else None,
-    )
+    """The evaluation preprocessing of a model: its metadata's record, else [-1, 1] pixels at its own size.
+
+    With ``square`` another input shape is a UserError (vitkit's image transform makes squares); exporters,
+    which only describe the input, pass False."""
+    prep = for_config(metadata or {}, config_of(model).to_dict(), source)
+    if square:
+        prep.square_size(source)
+    return prep
 
 
 def load_for_inference(path: str | Path, **overrides: Any) -> tuple[nn.Module, Preprocessing, dict[str, Any]]:
@@ -148,7 +109,7 @@ def predict_files(
     if k < 1 or batch_size < 1:
         raise UserError(f"predict: top-k and batch size must be >= 1, got k={k}, batch_size={batch_size}")
     names = list(class_names) if class_names is not None else prep.class_names
-    transform = prep.transform()
+    transform = image_transform(prep)
     model.eval()
     results: list[Prediction] = []
     for chunk in _chunks(list(files), batch_size):

@@ -5,8 +5,8 @@ Each row of PRETRAINED says where the file is (an https URL, or a Hugging Face H
 its size and sha256 where published (None where not: nothing here is guessed), the evaluation preprocessing
 it was trained for, its classes, its licence, and the model config fields it needs beyond the registry row
 (``config``: 21843 classes and a pre-logits layer for the original ImageNet-21k files, 384 pixels for most
-ImageNet-1k fine-tunes). ``row.metadata()`` gives the keys vitkit.predict reads (class_names, img_size, mean,
-std, in_chans, crop_fraction), so predict / eval preprocess as the weights expect.
+ImageNet-1k fine-tunes). ``row.preprocessing()`` is the weights' preprocessing record (vitkit.preprocessing) and
+``row.metadata()`` that record with the row's provenance, so predict / eval preprocess as the weights expect.
 
 Where the rows come from:
   - the original release (2020), google-research/vision_transformer: README "Available ViT models" and the
@@ -44,19 +44,17 @@ import difflib
 import fnmatch
 import hashlib
 import os
-import urllib.error
 import urllib.parse
-import urllib.request
-import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from http.client import HTTPException, IncompleteRead
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
+from .io import atomic_write
 from .models.registry import MODELS
+from .preprocessing import Preprocessing
 
 __all__ = [
     "PRETRAINED",
@@ -105,6 +103,13 @@ class PretrainedRow:
         return f"{self.model}.{self.weights}"
 
     @property
+    def repo(self) -> str:
+        """The Hub repository of a Hub row (a row with a URL has none: asking is a bug)."""
+        if self.hub_repo is None:
+            raise ValueError(f"{self.tag}: a URL row has no Hub repository")
+        return self.hub_repo
+
+    @property
     def num_classes(self) -> int:
         return int(self.config.get("num_classes", CLASS_COUNTS[self.classes]))
 
@@ -116,24 +121,23 @@ class PretrainedRow:
         rev = "" if self.revision == "main" else f"@{self.revision}"
         return f"hf://{self.hub_repo}/{self.hub_files[-1]}{rev}"
 
-    def metadata(self) -> dict[str, Any]:
-        """What the file expects and predicts, in the keys vitkit.predict.dataset_info reads (and a few more)."""
-        meta: dict[str, Any] = dict(
+    def preprocessing(self) -> Preprocessing:
+        """What the file expects and predicts: the table's one record of it (vitkit.preprocessing)."""
+        names = class_names(self.classes)
+        return Preprocessing(
             img_size=self.img_size,
             mean=list(self.mean),
             std=list(self.std),
             in_chans=len(self.mean),
             crop_fraction=self.crop_fraction,
             interpolation=self.interpolation,
-            classes=self.classes,
-            pretrained_tag=self.tag,
-            source=self.source,
-            licence=self.licence,
+            class_names=names if names is not None and len(names) == self.num_classes else None,
         )
-        names = class_names(self.classes)
-        if names is not None and len(names) == self.num_classes:
-            meta["class_names"] = names
-        return meta
+
+    def metadata(self) -> dict[str, Any]:
+        """The row as checkpoint metadata: its preprocessing record's keys, then its provenance."""
+        provenance = dict(classes=self.classes, pretrained_tag=self.tag, source=self.source, licence=self.licence)
+        return {**self.preprocessing().to_dict(), **provenance}
 
 
 # ------------------------------------------------------------------------------------------------ the table
@@ -329,7 +333,7 @@ def url_cache_path(url: str) -> Path:
 
 def _manual_hub_dir(row: PretrainedRow) -> Path:
     """Where a Hub row's files may be put by hand: <cache>/<repo>/ (used before asking the Hub)."""
-    return cache_dir().joinpath(*row.hub_repo.split("/"))
+    return cache_dir().joinpath(*row.repo.split("/"))
 
 
 def _hub_cache_dir() -> str | None:
@@ -366,7 +370,7 @@ def cached_path(row: PretrainedRow) -> Path | None:
 
     found = []
     for name in row.hub_files:
-        hit = try_to_load_from_cache(row.hub_repo, name, cache_dir=_hub_cache_dir(), revision=row.revision)
+        hit = try_to_load_from_cache(row.repo, name, cache_dir=_hub_cache_dir(), revision=row.revision)
         if not isinstance(hit, str):
             return None
         found.append(Path(hit))
@@ -412,57 +416,47 @@ def _lock(path: Path):
 def download_url(
     url: str, dst: str | Path, sha256: str | None = None, size: int | None = None, progress: bool = True
 ) -> Path:
-    """Download ``url`` to ``dst`` (unless it is there), the way torch.hub.download_url_to_file does.
+    """Download ``url`` to ``dst`` (unless it is there) with huggingface_hub's downloader (``http_get``: its
+    resume of a dropped connection and its progress bar), written through vitkit's ``atomic_write`` under a
+    lock file.
 
-    The body goes to a temporary file beside dst and is renamed onto dst only when complete and checked, all
-    under a lock file: a concurrent download of the same file waits and then uses the first one's result; an
-    interrupted one leaves nothing under dst. Failures are one-line UserErrors naming the URL: an HTTP
-    error, a body shorter than announced, a size / sha256 mismatch (the download is deleted), or no network
-    (with where to put the file by hand).
+    The body is checked (size, sha256) before it is renamed onto dst: a concurrent download of the same file
+    waits on the lock and then uses the first one's result; an interrupted one leaves nothing under dst.
+    Failures are one-line UserErrors naming the URL: an HTTP error, a body shorter than announced, a size /
+    sha256 mismatch (the download is deleted), or no network (with where to put the file by hand).
     """
-    from tqdm import tqdm
-
     dst = Path(dst)
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
     with _lock(dst):
-        if dst.is_file():  # another process (or an earlier call) finished it while we waited
-            return dst
-        tmp = dst.with_name(f".{dst.name}.{uuid.uuid4().hex}.part")
-        request = urllib.request.Request(url, headers={"User-Agent": "vitkit"})
-        try:
-            with urllib.request.urlopen(request, timeout=60) as response, open(tmp, "wb") as f:
-                total = response.headers.get("Content-Length")
-                total = int(total) if total and total.isdigit() else None
-                done = 0
-                with tqdm(
-                    total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=dst.name, disable=not progress
-                ) as bar:
-                    while chunk := response.read(1 << 20):
-                        f.write(chunk)
-                        done += len(chunk)
-                        bar.update(len(chunk))
-                if total is not None and done != total:
-                    raise IncompleteRead(b"", total - done)
-            _check_file(tmp, url, sha256, size)
-            os.replace(tmp, dst)
-        except urllib.error.HTTPError as e:
-            raise UserError(f"{url}: HTTP {e.code} {e.reason}; no file was saved") from None
-        except IncompleteRead as e:
-            raise UserError(
-                f"{url}: the download ended early ({e.expected} more bytes were announced); no file was saved, "
-                "run again to retry"
-            ) from None
-        except (urllib.error.URLError, HTTPException, ConnectionError, TimeoutError) as e:
-            reason = getattr(e, "reason", None) or e
-            raise UserError(
-                f"{url}: cannot download ({reason}); without network access, fetch this URL elsewhere and put the "
-                f"file at {dst}"
-            ) from None
-        finally:
-            tmp.unlink(missing_ok=True)
+        if not dst.is_file():  # else another process (or an earlier call) finished it while we waited
+            atomic_write(dst, lambda tmp: _fetch(url, Path(tmp), dst, sha256, size, progress))
     return dst
+
+
+def _fetch(url: str, tmp: Path, dst: Path, sha256: str | None, size: int | None, progress: bool) -> None:
+    """The body of ``url`` into ``tmp``, checked; failures as UserErrors (not OSErrors, which atomic_write would
+    take for a failed write)."""
+    import httpx2  # huggingface_hub's HTTP client
+    from huggingface_hub.errors import HfHubHTTPError
+    from huggingface_hub.file_download import http_get
+
+    try:
+        with open(tmp, "wb") as f:
+            http_get(url, f, displayed_filename=dst.name, tqdm_class=None if progress else _silent_tqdm())
+    except HfHubHTTPError as e:
+        status = getattr(e.response, "status_code", None)
+        reason = getattr(e.response, "reason_phrase", "")
+        raise UserError(f"{url}: HTTP {status} {reason}; no file was saved") from None
+    except httpx2.RemoteProtocolError as e:  # the server closed the connection before the announced length
+        raise UserError(f"{url}: the download ended early ({e}); no file was saved, run again to retry") from None
+    except (httpx2.TransportError, OSError) as e:
+        raise UserError(
+            f"{url}: cannot download ({_first_line(e)}); without network access, fetch this URL elsewhere and put "
+            f"the file at {dst}"
+        ) from None
+    _check_file(tmp, url, sha256, size)
 
 
 def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
@@ -481,15 +475,15 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
         else:
             by_hand = f"fetch {', '.join(row.hub_files)} elsewhere and put them in {manual}"
         try:
-            path = hf_hub_download(row.hub_repo, name, revision=revision, cache_dir=cache, local_files_only=True)
+            got = hf_hub_download(row.repo, name, revision=revision, cache_dir=cache, local_files_only=True)
         except LocalEntryNotFoundError:
             if _hub_offline():
                 raise UserError(f"{url}: not in the cache and HF_HUB_OFFLINE is set; {by_hand}") from None
             endpoint = os.environ.get("HF_ENDPOINT") or None  # read per call (huggingface_hub reads it at import)
             try:
-                path = hf_hub_download(
-                    row.hub_repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
-                    **({} if progress else {"tqdm_class": _silent_tqdm()}),
+                got = hf_hub_download(
+                    row.repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
+                    tqdm_class=None if progress else _silent_tqdm(),
                 )  # fmt: skip
             except (HfHubHTTPError, EntryNotFoundError) as e:
                 # huggingface_hub reports a failed look-up as LocalEntryNotFoundError, the HTTP answer (if any)
@@ -500,7 +494,7 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
                     raise UserError(f"{url}: HTTP {status}; no file was saved") from None
                 cause = _first_line(e.__cause__ or e)
                 raise UserError(f"{url}: cannot download ({cause}); without network access, {by_hand}") from None
-        path = Path(path)
+        path = Path(got)
         if row.sha256 is not None and name == row.hub_files[-1]:
             try:
                 _check_file(path.resolve(), url, row.sha256, row.size)
@@ -513,7 +507,7 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
     return _checkpoint_path(row, files)
 
 
-def _first_line(error: Exception) -> str:
+def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
 

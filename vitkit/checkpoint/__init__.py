@@ -1,12 +1,16 @@
-"""Reading and writing checkpoints: official .npz, Hugging Face, timm and vitkit's own format.
+"""Reading and writing checkpoints: official .npz, Big Transfer .npz, Hugging Face, timm and vitkit's own format.
 
-``load_pretrained(model, path)`` and ``load_model(path, **overrides)`` read every format (see loader.py);
-``save_pretrained(model, dir)`` writes vitkit's own; ``convert(src, dst, to=...)`` writes any of them.
-The per-format converters are pure key mappings: official.py, hf.py, timm.py.
+One module per format (official.py, big_transfer.py, hf.py, timm.py, native.py), each saying whether a path is
+its own (``detect``) and reading it (``read``) into a ``Checkpoint`` (base.py), plus a writer where vitkit
+exports it; loader.py asks them in turn (``read_checkpoint``), loads strictly with a report (``read_into``,
+``read_model``) and converts (``convert``). The public loading names are vitkit.create_model, load_model and
+load_pretrained (vitkit.hub), which also take pretrained tags; ``save_pretrained(model, dir)`` writes vitkit's
+own format.
 """
 
+from .base import Checkpoint, read_npz
 from .hf import to_hf_model, vitkit_to_hf
-from .loader import Checkpoint, LoadReport, convert, detect_format, load_model, load_pretrained, read_checkpoint
+from .loader import LoadReport, convert, detect_format, read_checkpoint, read_into, read_model
 from .native import read_native, save_pretrained
 from .official import infer_official_config, official_to_vitkit, vitkit_to_official
 from .timm import timm_kwargs, vitkit_to_timm
@@ -17,11 +21,12 @@ __all__ = [
     "convert",
     "detect_format",
     "infer_official_config",
-    "load_model",
-    "load_pretrained",
     "official_to_vitkit",
     "read_checkpoint",
+    "read_into",
+    "read_model",
     "read_native",
+    "read_npz",
     "save_pretrained",
     "timm_kwargs",
     "to_hf_model",

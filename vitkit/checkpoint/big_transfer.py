@@ -29,8 +29,10 @@ import numpy as np
 import torch
 
 from ..errors import UserError
+from .base import Checkpoint, read_npz
 from .official import flax_to_torch
 
+FORMAT = "big_transfer"
 PREFIX = "resnet/"
 # released sub-names of one unit -> vitkit's, with the layout change: conv HWIO -> OIHW, GN (C,) or (1,1,1,C) -> (C,)
 UNIT_MAP = {
@@ -65,6 +67,18 @@ def is_big_transfer_npz(path: str | Path) -> bool:
         return False  # not a zip: the .npz reader says what is wrong with it
 
 
+def detect(path: str | Path) -> bool:
+    """A BiT .npz (google-research/big_transfer): arrays named resnet/..."""
+    path = Path(path)
+    return path.is_file() and path.suffix == ".npz" and is_big_transfer_npz(path)
+
+
+def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
+    """A released BiT .npz: config from names and shapes."""
+    config, state = read_big_transfer(read_npz(path), str(path))
+    return Checkpoint(path, FORMAT, config, state)
+
+
 def big_transfer_to_vitkit(params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
     """Released big_transfer arrays -> vitkit state dict (a renaming plus the layout changes in UNIT_MAP / TOP_MAP)."""
     state: dict[str, torch.Tensor] = {}
@@ -87,7 +101,7 @@ def big_transfer_to_vitkit(params: Mapping[str, np.ndarray]) -> dict[str, torch.
     return state
 
 
-def timm_to_vitkit(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def timm_resnetv2_to_vitkit(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """timm resnetv2_*_bit state dict -> vitkit: the head's 1x1 conv (K, C, 1, 1) becomes a Linear (K, C)."""
     out = {}
     for k, v in state.items():
@@ -159,7 +173,7 @@ def read_timm_resnetv2(
             f"{source}: a timm ResNetV2 without BiT's layout (BatchNorm, or a deep stem); vitkit reads only "
             "resnetv2_*_bit state dicts"
         )
-    state = timm_to_vitkit(raw)
+    state = timm_resnetv2_to_vitkit(raw)
     config = infer_bit_config(state, source)
     stated = (hub or {}).get("num_classes")
     if isinstance(stated, int) and stated != config["num_classes"]:
@@ -170,8 +184,9 @@ def read_timm_resnetv2(
 def adapt_head(target: Mapping[str, torch.Tensor], state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
     """Leave the model's fresh (zero) head where the stored one has another class count, as big_transfer's
     fine-tuning does (``zero_head=True``). Changes ``state``; returns (reinitialised, dropped) key lists."""
-    stored = [k for k in ("head.weight", "head.bias") if k in state]
-    wanted = [k for k in ("head.weight", "head.bias") if k in target]
+    head: tuple[str, ...] = ("head.weight", "head.bias")
+    stored = [k for k in head if k in state]
+    wanted = [k for k in head if k in target]
     if stored and wanted and state["head.weight"].shape == target["head.weight"].shape:
         return [], []
     dropped = []

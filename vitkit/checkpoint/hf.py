@@ -19,14 +19,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..errors import UserError, UserFileNotFoundError
+from ..config_of import pair
+from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
-from .native import load_tensor_file, read_config_json
+from ..models import ViTConfig
+from ..preprocessing import Preprocessing, class_names_from_labels, for_config, from_hf_processor
+from .base import Checkpoint, config_path, read_config_and_weights, read_config_json
 
 if TYPE_CHECKING:  # transformers is a development / benchmark dependency, imported only when used
     import transformers
 
+FORMAT = "hf"
 CONFIG_NAME = "config.json"
+PROCESSOR_NAME = "preprocessor_config.json"  # transformers' image processor: the preprocessing
 WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
 
 # HF hidden_act -> vitkit gelu. 'gelu_new' and 'gelu_fast' are further spellings of the tanh approximation.
@@ -84,29 +89,26 @@ HEAD_MAP = {"head.weight": "classifier.weight", "head.bias": "classifier.bias"}
 
 
 # --------------------------------------------------------------------------------------------------- reading
-def is_hf(path: str | Path) -> bool:
+def detect(path: str | Path) -> bool:
     """A directory (or a weights file inside one) whose config.json says model_type 'vit'."""
-    path = Path(path)
-    cfg = path / CONFIG_NAME if path.is_dir() else path.with_name(CONFIG_NAME)
     try:
-        return read_config_json(cfg).get("model_type") == "vit"
+        return read_config_json(config_path(path)).get("model_type") == "vit"
     except (OSError, UserError):
         return False
 
 
 def read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """(HF config dict, HF state dict) from a directory with config.json + model.safetensors / pytorch_model.bin."""
-    path = Path(path)
-    directory = path if path.is_dir() else path.parent
-    cfg_path = directory / CONFIG_NAME
-    if not cfg_path.is_file():
-        raise UserFileNotFoundError(f"{cfg_path}: missing; a Hugging Face ViT checkpoint needs {CONFIG_NAME}")
-    config = read_config_json(cfg_path)
-    weights = path if path.is_file() and path.name != CONFIG_NAME else None
-    weights = weights or next((directory / n for n in WEIGHT_NAMES if (directory / n).is_file()), None)
-    if weights is None:
-        raise UserFileNotFoundError(f"{directory}: no weights; expected one of {', '.join(WEIGHT_NAMES)}")
-    return config, load_tensor_file(weights)
+    config, _, state = read_config_and_weights(path, WEIGHT_NAMES, "Hugging Face ViT")
+    return config, state
+
+
+def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
+    """An HF ViT: config from config.json, class names from id2label, preprocessing from preprocessor_config.json."""
+    config, state = read_hf(path)
+    processor = config_path(path).with_name(PROCESSOR_NAME)
+    metadata = hf_metadata(config, read_config_json(processor) if processor.is_file() else None, str(processor))
+    return Checkpoint(path, FORMAT, hf_config_to_vitkit(config, state), hf_to_vitkit(state), metadata)
 
 
 def hf_config_to_vitkit(config: dict[str, Any], state: dict[str, torch.Tensor]) -> dict[str, Any]:
@@ -132,13 +134,16 @@ def hf_config_to_vitkit(config: dict[str, Any], state: dict[str, torch.Tensor]) 
     )
 
 
-def hf_metadata(config: dict[str, Any]) -> dict[str, Any]:
-    """{'class_names': [...]} from id2label, unless the labels are HF's placeholders LABEL_0, LABEL_1, ..."""
-    id2label = config.get("id2label") or {}
-    names = [id2label[k] for k in sorted(id2label, key=int)]
-    if not names or names == [f"LABEL_{i}" for i in range(len(names))]:
-        return {}
-    return {"class_names": names}
+def hf_metadata(
+    config: dict[str, Any], processor: dict[str, Any] | None = None, source: str = PROCESSOR_NAME
+) -> dict[str, Any]:
+    """The preprocessing fields an HF directory states: class names from id2label (unless HF's placeholders
+    LABEL_0, ...), size, mean, std, crop and resampling from its preprocessor_config.json when there is one."""
+    out = from_hf_processor(processor, source) if processor else {}
+    names = class_names_from_labels(config.get("id2label"))
+    if names:
+        out["class_names"] = names
+    return out
 
 
 def _strip(key: str) -> str:
@@ -185,9 +190,10 @@ def hf_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 # --------------------------------------------------------------------------------------------------- writing
-def _check_exportable(model: nn.Module) -> None:
-    cfg = model.config
-    if getattr(cfg, "arch", None) != "vit":
+def _check_exportable(model: nn.Module) -> ViTConfig:
+    """The model's config, if HF's ViT can hold the model; else a UserError saying what it cannot hold."""
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ViTConfig):
         raise UserError(f"only VisionTransformer models convert to Hugging Face ViT, not {type(model).__name__}")
     if cfg.classifier != "token":
         raise UserError(f"Hugging Face ViT pools its class token only, not classifier={cfg.classifier!r}")
@@ -198,14 +204,15 @@ def _check_exportable(model: nn.Module) -> None:
             "Hugging Face ViT has learned 1-D position embeddings added at the input only, not "
             f"pos_embed={cfg.pos_embed!r}, pos_embed_where={cfg.pos_embed_where!r}"
         )
+    return cfg
 
 
 def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> transformers.ViTConfig:
     """The transformers.ViTConfig that reproduces a vitkit ViT's numerics (GELU variant, LayerNorm eps)."""
     import transformers
 
-    _check_exportable(model)
-    cfg = model.config
+    cfg = _check_exportable(model)
+    h, w = pair(cfg.img_size)
     num_classes = cfg.num_classes
     if id2label is None and num_classes:
         id2label = {i: f"LABEL_{i}" for i in range(num_classes)}
@@ -218,8 +225,8 @@ def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> t
         hidden_dropout_prob=cfg.dropout,
         attention_probs_dropout_prob=cfg.attn_dropout,
         layer_norm_eps=cfg.ln_eps,
-        image_size=list(cfg.img_size) if cfg.img_size[0] != cfg.img_size[1] else cfg.img_size[0],
-        patch_size=cfg.patch_size[0],
+        image_size=[h, w] if h != w else h,
+        patch_size=pair(cfg.patch_size)[0],
         num_channels=cfg.in_chans,
         qkv_bias=True,
         pooler_output_size=cfg.representation_size,
@@ -237,11 +244,10 @@ def vitkit_to_hf(
     num_classes is 0). With pre-logits the keys are ViTModel's with its pooler = pre-logits; the head (if any)
     has no place there and is refused: reset_classifier(0, keep_pre_logits=True) first to export features.
     """
-    cfg = model.config
-    _check_exportable(model)
+    cfg = _check_exportable(model)
     if layout not in LAYOUTS:
         raise UserError(f"layout={layout!r}: expected one of {sorted(LAYOUTS)}")
-    if cfg.patch_size[0] != cfg.patch_size[1]:
+    if pair(cfg.patch_size)[0] != pair(cfg.patch_size)[1]:
         raise UserError(f"Hugging Face ViT needs square patches, got patch_size={cfg.patch_size}")
     if cfg.representation_size and cfg.num_classes:
         raise UserError(
@@ -279,9 +285,10 @@ def to_hf_model(model: nn.Module) -> transformers.ViTForImageClassification:
     """
     import transformers
 
-    if model.config.representation_size:
+    cfg = _check_exportable(model)
+    if cfg.representation_size:
         raise UserError("ViTForImageClassification has no pre-logits layer: call model.reset_classifier(n) first")
-    if not model.config.num_classes:
+    if not cfg.num_classes:
         raise UserError("ViTForImageClassification needs a head: the model has num_classes=0")
     hf_config = hf_config_for(model)
     hf_config._attn_implementation = "eager"
@@ -289,21 +296,35 @@ def to_hf_model(model: nn.Module) -> transformers.ViTForImageClassification:
     _, state = vitkit_to_hf(model, layout=hf_layout(hf.state_dict()))
     hf.load_state_dict(state, strict=True)
     ref = next(model.parameters())
-    return hf.to(device=ref.device, dtype=ref.dtype).eval()
+    # nn.Module.to itself: transformers wraps its override in a decorator whose type hides the method
+    return nn.Module.to(hf, device=ref.device, dtype=ref.dtype).eval()
 
 
-def save_hf(model: nn.Module, directory: str | Path, class_names: list[str] | None = None) -> Path:
-    """Write config.json + model.safetensors (published key layout) that transformers' from_pretrained reads.
+def save_hf(
+    model: nn.Module,
+    directory: str | Path,
+    class_names: list[str] | None = None,
+    preprocessing: Preprocessing | None = None,
+) -> Path:
+    """Write config.json + model.safetensors (published key layout) that transformers' from_pretrained reads, and
+    preprocessor_config.json (the preprocessing record as transformers' image processor), so that
+    ``transformers.pipeline("image-classification", model=directory)`` preprocesses as vitkit does.
 
-    class_names, when given for every class, become the config's id2label.
+    The record defaults to the model's own: [-1, 1] pixels at its resolution. Class names (``class_names``, else
+    the record's), when given for every class, become the config's id2label.
     """
     from safetensors.torch import save_file
 
     directory = Path(directory)
-    id2label = dict(enumerate(class_names)) if class_names and len(class_names) == model.config.num_classes else None
+    cfg = _check_exportable(model)
+    prep = preprocessing or for_config({}, cfg.to_dict(), source="the model")
+    names = class_names or prep.class_names
+    id2label = dict(enumerate(names)) if names and len(names) == cfg.num_classes else None
     hf_config, state = vitkit_to_hf(model, id2label)
-    architectures = ["ViTForImageClassification"] if model.config.num_classes else ["ViTModel"]
+    architectures = ["ViTForImageClassification"] if cfg.num_classes else ["ViTModel"]
     doc = {**hf_config.to_dict(), "architectures": architectures, "model_type": "vit"}
+    processor = prep.to_hf_processor()
     atomic_write(directory / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write_text(directory / PROCESSOR_NAME, json.dumps(processor, indent=2) + "\n")
     atomic_write_text(directory / CONFIG_NAME, json.dumps(doc, indent=2, default=str) + "\n")
     return directory

@@ -57,11 +57,6 @@ def resnet_layers(state: State, source: str) -> tuple[int, ...]:
     return tuple(units[s] for s in sorted(units))
 
 
-def infer_vit_config(state: State, source: str, gelu: str, num_heads: int | None = None) -> dict[str, Any]:
-    """The config of ``infer_vit_config_with_guesses``, for readers whose files leave nothing to guess."""
-    return infer_vit_config_with_guesses(state, source, gelu, num_heads)[0]
-
-
 def infer_vit_config_with_guesses(
     state: State,
     source: str,

@@ -1,6 +1,8 @@
-"""One entry point for every checkpoint format: ``load_pretrained(model, path)`` and ``load_model(path)``.
+"""Reading every checkpoint format: ``read_into(model, path)`` and ``read_model(path)``, under the public names
+vitkit.load_pretrained and vitkit.load_model (vitkit.hub, which adds pretrained tags).
 
-Formats are told apart by what is on disk:
+Formats are told apart by what is on disk, each format module saying whether a path is its own (``detect``)
+and reading it (``read``), asked in the order of READERS:
   official  *.npz of flat '/'-joined Flax names (vit_jax, big_vision)
   big_transfer  *.npz of BiT ResNet-v2 arrays named resnet/... (google-research/big_transfer releases)
   hf        a directory (or a file inside one) whose config.json has model_type 'vit'
@@ -23,16 +25,14 @@ are reported under ``dropped``; everything else is held to the strict rule above
 
 Metadata (e.g. class names saved with ``save_pretrained(model, dir, metadata=...)``; for HF directories
 ``{"class_names": [...]}`` from a non-placeholder id2label) is the report's ``metadata`` and is returned by
-``load_model(..., return_metadata=True)``.
+``read_model(..., return_metadata=True)``; ``Checkpoint.preprocessing`` is the one record of what the weights
+expect (vitkit.preprocessing).
 """
 
 from __future__ import annotations
 
 import re
-import tokenize
 import warnings
-import zipfile
-import zlib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -41,33 +41,24 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..config_of import config_of
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..io import atomic_write
+from ..models import VisionTransformer
 from ..models.posemb import resample_pos_embed, resample_relative
 from ..models.registry import config_class, model_from_config
-from ..models.vit import ViTConfig
+from ..preprocessing import for_config
 from . import big_transfer, hf, native, official, timm
+from .base import Checkpoint, read_npz
 
-FORMATS = ("official", "big_transfer", "hf", "timm", "vitkit")
+# the formats, in the order they are asked whether a path is theirs: BiT's .npz before any other .npz, a
+# config.json that says what it is before timm's, which also takes any bare weights file
+READERS = (big_transfer, official, native, hf, timm)
+FORMATS = tuple(reader.FORMAT for reader in READERS)
+_BY_NAME = {reader.FORMAT: reader for reader in READERS}
 
-
-@dataclass
-class Checkpoint:
-    """A checkpoint read into vitkit's naming, with the model config inferred from (or stored in) the file."""
-
-    path: Path
-    format: str
-    config: dict[str, Any]
-    state: dict[str, torch.Tensor]
-    metadata: dict[str, Any] = field(default_factory=dict)
-    guessed: dict[str, str] = field(default_factory=dict)  # config field -> the guess, its reason, its override
-
-    def grid(self) -> tuple[int, int] | None:
-        """The token grid of the stored position embedding (None for non-ViT checkpoints)."""
-        if self.config.get("arch", "vit") != "vit":
-            return None
-        fields = {k: v for k, v in self.config.items() if k != "arch"}
-        return ViTConfig(**fields).grid()
+__all__ = ["FORMATS", "Checkpoint", "LoadReport", "convert", "detect_format", "read_checkpoint", "read_into"]
+__all__ += ["read_model", "read_npz"]
 
 
 @dataclass
@@ -119,59 +110,16 @@ def detect_format(path: str | Path) -> str:
     path = Path(path)
     if not path.exists():
         raise UserFileNotFoundError(f"{path}: no such file or directory")
-    if path.is_file() and path.suffix == ".npz" and big_transfer.is_big_transfer_npz(path):
-        return "big_transfer"  # BiT ResNet-v2 arrays named resnet/... (google-research/big_transfer)
-    if path.is_file() and path.suffix == ".npz":
-        return "official"
     cfg = path / native.CONFIG_NAME if path.is_dir() else path.with_name(native.CONFIG_NAME)
     if (path.is_dir() or path.name in (native.WEIGHTS_NAME, *hf.WEIGHT_NAMES)) and cfg.is_file():
         native.read_config_json(cfg)  # a broken config.json is named as such, not reported as an unknown format
-    if native.is_native(path):
-        return "vitkit"
-    if hf.is_hf(path):
-        return "hf"
-    if path.is_dir() and timm.hub_config_path(path) is not None:
-        return "timm"
-    if path.is_file() and path.suffix in timm.SUFFIXES:
-        return "timm"
+    for reader in READERS:
+        if reader.detect(path):
+            return reader.FORMAT
     raise UserError(
         f"{path}: unrecognised checkpoint; expected an official .npz, a Hugging Face ViT, timm or vitkit directory "
         f"(config.json + weights), or a timm state dict ({', '.join(timm.SUFFIXES)})"
     )
-
-
-def read_npz(path: str | Path) -> dict[str, np.ndarray]:
-    """All arrays of an .npz, refusing pickled objects (np.load with allow_pickle=False)."""
-    try:
-        data = np.load(path, allow_pickle=False)
-    except ValueError as e:  # numpy takes anything that is neither zip nor .npy for a pickle, and refuses it
-        raise UserError(
-            f"{path}: pickled data (or not an .npz at all); refusing to unpickle it (allow_pickle=False)"
-        ) from e
-    except EOFError:
-        raise UserError(f"{path}: empty file, expected an .npz archive") from None
-    except (zipfile.BadZipFile, OSError) as e:
-        raise UserError(f"{path}: not a readable .npz archive ({e})") from None
-    if not isinstance(data, np.lib.npyio.NpzFile):
-        raise UserError(f"{path}: a single array, expected an .npz archive of named parameters")
-    arrays = {}
-    with data:
-        for key in data.files:
-            try:
-                arrays[key] = data[key]
-            except ValueError as e:
-                if "allow_pickle" in str(e):  # numpy's refusal of an object array: pickled Python objects
-                    raise UserError(
-                        f"{path}: array {key!r} holds pickled Python objects; refusing to load it (allow_pickle=False)"
-                    ) from e
-                raise UserError(f"{path}: array {key!r} is corrupt or truncated ({' '.join(str(e).split())})") from None
-            # a damaged member fails in zipfile (bad CRC), zlib (compressed data) or numpy's header parser
-            except (EOFError, OSError, zipfile.BadZipFile, zlib.error, SyntaxError, tokenize.TokenError) as e:
-                cause = f"{type(e).__name__}: {' '.join(str(e).split())}"
-                raise UserError(f"{path}: array {key!r} is corrupt or truncated ({cause})") from None
-            if not isinstance(arrays[key], np.ndarray):  # NpzFile hands back raw bytes for a member that is no .npy
-                raise UserError(f"{path}: member {key!r} is not an .npy array")
-    return arrays
 
 
 def read_checkpoint(
@@ -189,35 +137,15 @@ def read_checkpoint(
     if tower is None and not path.exists() and (m := re.match(r"^(.+\.npz):([\w/]+)$", str(path))):
         path, tower = Path(m.group(1)), m.group(2)
     fmt = format or detect_format(path)
+    if fmt not in _BY_NAME:
+        raise UserError(f"format={fmt!r}: expected one of {FORMATS}")
     if tower is not None and fmt != "official":
         raise UserError(f"{path}: tower={tower!r} selects a sub-tree of an official .npz, not of a {fmt} checkpoint")
-    if fmt == "big_transfer":
-        config, state = big_transfer.read_big_transfer(read_npz(path), str(path))
-        return Checkpoint(path, fmt, config, state)
-    if fmt == "official":
-        read = official.read_official_checkpoint(read_npz(path), overrides, tower)
-        return Checkpoint(path, fmt, read.config, read.state, read.metadata, read.from_caller)
-    if fmt == "hf":
-        config, state = hf.read_hf(path)
-        return Checkpoint(
-            path, fmt, hf.hf_config_to_vitkit(config, state), hf.hf_to_vitkit(state), hf.hf_metadata(config)
-        )
-    if fmt == "timm":
-        raw, hub, hub_path = timm.read_timm_hub(path)
-        if big_transfer.is_timm_resnetv2(raw):  # resnetv2_*_bit: a BiT, not a ViT
-            config, state = big_transfer.read_timm_resnetv2(raw, hub, str(hub_path or path))
-            return Checkpoint(path, fmt, config, state, timm.hub_metadata(hub))
-        state = timm.timm_to_vitkit(raw)
-        config, guessed = timm.infer_timm_config(state, hub, str(hub_path or path))
-        return Checkpoint(path, fmt, config, state, timm.hub_metadata(hub), guessed)
-    if fmt == "vitkit":
-        config, state, metadata = native.read_native(path)
-        return Checkpoint(path, fmt, config, state, metadata)
-    raise UserError(f"format={fmt!r}: expected one of {FORMATS}")
+    return _BY_NAME[fmt].read(path, overrides, tower)
 
 
 # ------------------------------------------------------------------------------------------------- loading
-def _adapt_vit(model: nn.Module, ckpt: Checkpoint, state: dict[str, torch.Tensor], report: LoadReport) -> None:
+def _adapt_vit(model: VisionTransformer, ckpt: Checkpoint, state: dict[str, torch.Tensor], report: LoadReport) -> None:
     """Resample position embeddings, drop pre-logits the model lacks, leave a mismatched head fresh."""
     target = model.state_dict()
     pe, want = state.get("pos_embed"), target.get("pos_embed")
@@ -246,7 +174,7 @@ def _adapt_vit(model: nn.Module, ckpt: Checkpoint, state: dict[str, torch.Tensor
         report.reinitialised.extend(wanted)
 
 
-def load_pretrained(
+def read_into(
     model: nn.Module,
     path: str | Path | Checkpoint,
     strict: bool = True,
@@ -278,7 +206,7 @@ def load_pretrained(
 def _load(
     model: nn.Module, ckpt: Checkpoint, strict: bool, guessed: dict[str, str], drop: tuple[str, ...] = ()
 ) -> LoadReport:
-    """load_pretrained's work; ``guessed`` are the fields of ckpt.guessed the model took unchanged from the file,
+    """read_into's work; ``guessed`` are the fields of ckpt.guessed the model took unchanged from the file,
     ``drop`` the caller's key prefixes to leave out (the file's "drop_on_load" ones are added)."""
     arch = getattr(getattr(model, "config", None), "arch", None)
     if arch not in ("vit", "resnet", "bit"):
@@ -302,6 +230,7 @@ def _load(
             state.pop(key)
             report.dropped.append(key)
     if arch == "vit":
+        assert isinstance(model, VisionTransformer)  # the one model whose config says arch 'vit'
         _adapt_vit(model, ckpt, state, report)
     elif arch == "bit":  # another class count: a fresh zero head, as big_transfer fine-tunes
         reinitialised, dropped = big_transfer.adapt_head(model.state_dict(), state)
@@ -323,31 +252,29 @@ def _load(
     return report
 
 
-def load_model(
-    path: str | Path,
-    return_metadata: bool = False,
+def read_model(
+    path: str | Path | Checkpoint,
     format: str | None = None,
-    return_report: bool = False,
     drop: tuple[str, ...] | list[str] = (),
     tower: str | None = None,
     **overrides: Any,
-) -> nn.Module | tuple[Any, ...]:
+) -> tuple[nn.Module, LoadReport]:
     """Build a model from a checkpoint file alone and load it; overrides change the inferred config.
 
-    ``load_model("ViT-B_16.npz", img_size=384, num_classes=10)`` gives a 384-px model with resampled position
-    embeddings and a fresh zero head. Loading is strict (see load_pretrained): a config that does not describe
+    ``read_model("ViT-B_16.npz", img_size=384, num_classes=10)`` gives a 384-px model with resampled position
+    embeddings and a fresh zero head. Loading is strict (see read_into): a config that does not describe
     the weights (another depth, a missing block) is an error listing the keys. What the file does not say and
     the overrides do not give (a bare timm state dict's num_heads and gelu) is guessed: one UserWarning names
-    the guesses and the report lists them. Returns the model, then the metadata with return_metadata (class
-    names etc.), then the LoadReport with return_report, as a tuple when either is asked for. ``drop``: key
-    prefixes to leave out, as load_pretrained's (the file's own "drop_on_load" ones always are).
+    the guesses and the report lists them. Returns the model and the LoadReport (whose ``metadata`` is what the
+    file says of itself: class names, preprocessing...). ``drop``: key prefixes to leave out, as read_into's
+    (the file's own "drop_on_load" ones always are).
 
     Overrides are also what the file does not say, and are read before the config is inferred:
-    ``load_model("vit_s16_sincos.npz", pos_embed="sincos_2d", img_size=224)`` for big_vision's posemb='sincos2d'
+    ``read_model("vit_s16_sincos.npz", pos_embed="sincos_2d", img_size=224)`` for big_vision's posemb='sincos2d'
     (no table to read a grid from), ``classifier="first"`` for its pool_type '0'; the report's ``from_caller``
     lists them. ``tower="img"`` reads the image tower of an image-text (SigLIP) checkpoint (see read_checkpoint).
     """
-    ckpt = read_checkpoint(path, format, tower=tower, overrides=overrides)
+    ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path, format, tower=tower, overrides=overrides)
     arch = ckpt.config.get("arch", "vit")
     known = {f.name for f in fields(config_class(arch)) if f.init}
     unknown = sorted(set(overrides) - known)
@@ -360,9 +287,9 @@ def load_model(
     guessed = {name: text for name, text in ckpt.guessed.items() if name not in overrides}
     report = _load(model, ckpt, strict=True, guessed=guessed, drop=tuple(drop))
     if guessed:  # a wrong guess loads without a shape error and computes another function: say so once
-        warnings.warn(f"{ckpt.path}: guessed {'; '.join(guessed.values())}", UserWarning, stacklevel=2)
-    extra = ([report.metadata] if return_metadata else []) + ([report] if return_report else [])
-    return (model, *extra) if extra else model
+        text = f"{ckpt.path}: guessed {'; '.join(guessed.values())}"
+        warnings.warn(text, UserWarning, stacklevel=3)  # at the caller of vitkit.load_model
+    return model, report
 
 
 # ---------------------------------------------------------------------------------------------- converting
@@ -382,7 +309,9 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     return out
 
 
-def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = False, **overrides: Any) -> Path:
+def convert(
+    src: str | Path | Checkpoint, dst: str | Path, to: str = "vitkit", force: bool = False, **overrides: Any
+) -> Path:
     """Convert a checkpoint of any readable format to another; returns what was written.
 
     vitkit and hf write a directory (config.json + model.safetensors); timm writes a .safetensors file
@@ -391,7 +320,7 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
     same model; one timm model per directory, then. official writes an .npz with the released names (dst
     itself when it ends in .npz, else dst/model.npz). Overrides change the model first (e.g. img_size=384
     resamples the position embeddings, num_heads=3 for bare timm files). The source is loaded strictly (see
-    load_pretrained). Existing outputs (a run's weights, say) are replaced only with ``force``.
+    read_into). Existing outputs (a run's weights, say) are replaced only with ``force``.
     """
     if to not in TARGETS:
         raise UserError(f"to={to!r}: expected one of {TARGETS}")
@@ -406,19 +335,22 @@ def convert(src: str | Path, dst: str | Path, to: str = "vitkit", force: bool = 
     existing = [str(p) for p in outputs if p.exists()]
     if existing and not force:
         raise UserError(f"{', '.join(existing)}: exists; pass --force (force=True) to replace it")
-    model, metadata = load_model(src, return_metadata=True, **overrides)
+    model, report = read_model(src, **overrides)
+    metadata = report.metadata
+    source = str(src.path if isinstance(src, Checkpoint) else src)
+    prep = for_config(metadata, config_of(model).to_dict(), source)  # the record, at the model's own size
     if to == "vitkit":
-        return native.save_pretrained(model, dst, metadata=metadata)
+        return native.save_pretrained(model, dst, metadata={**metadata, **prep.to_dict()})
     if to == "hf":
-        return hf.save_hf(model, dst, class_names=metadata.get("class_names"))
+        return hf.save_hf(model, dst, preprocessing=prep)
     if to == "timm":
-        return timm.save_timm(model, outputs[0], metadata)
+        return timm.save_timm(model, outputs[0], prep)
     out = outputs[0]
     params = official.vitkit_to_official(model)
 
     def write_npz(tmp: str) -> None:
         with open(tmp, "wb") as f:  # a file object, so numpy does not append '.npz' to the temp name
-            np.savez(f, **params)
+            np.savez(f, allow_pickle=False, **params)
 
     atomic_write(out, write_npz)
     return out

@@ -29,16 +29,20 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from ..errors import UserError
+from ..models import ViTConfig
 from ..models.common import as_pair
+from .base import Checkpoint, read_npz
 from .infer import infer_vit_config_with_guesses
 
 Params = Mapping[str, np.ndarray]
+FORMAT = "official"
 
 PREFIXES = ("opt/target/", "params/", "target/", "model/")
 # big_vision's load_params: a checkpoint with a "params" tree (optax) or an "opt/target" tree (flax.optim) keeps the
@@ -387,6 +391,19 @@ def read_official_checkpoint(
     return OfficialRead(config, state, from_caller, {} if chosen is None else {"tower": chosen})
 
 
+def detect(path: str | Path) -> bool:
+    """An .npz file (the BiT ones, named resnet/..., are big_transfer's: asked first)."""
+    path = Path(path)
+    return path.is_file() and path.suffix == ".npz"
+
+
+def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
+    """An official .npz: config from names and shapes, ``overrides`` for what the file does not say (see
+    read_official_checkpoint), ``tower`` for an image-text checkpoint's image tower."""
+    got = read_official_checkpoint(read_npz(path), overrides, tower)
+    return Checkpoint(path, FORMAT, got.config, got.state, got.metadata, got.from_caller)
+
+
 def infer_official_config(params: Params) -> dict[str, Any]:
     """ViTConfig fields (plus arch='vit') read from an official checkpoint's names and shapes alone."""
     return read_official(params)[0]
@@ -426,9 +443,9 @@ def vitkit_to_official(model: torch.nn.Module, naming: str = "released", prefix:
     """
     if naming not in BLOCK_NAMINGS:
         raise UserError(f"naming={naming!r}: expected one of {sorted(BLOCK_NAMINGS)}")
-    cfg = model.config
+    cfg = getattr(model, "config", None)
     if (
-        getattr(cfg, "arch", None) != "vit"
+        not isinstance(cfg, ViTConfig)
         or cfg.pos_embed_where != "input"
         or cfg.pos_embed not in ("learned", *_TABLELESS)
     ):

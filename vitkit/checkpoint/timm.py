@@ -30,11 +30,16 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..errors import UserError, UserFileNotFoundError
+from ..config_of import pair, vit_config_of
+from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
+from ..models import ViTConfig
+from ..preprocessing import Preprocessing, for_config, from_timm_config
+from . import big_transfer
+from .base import Checkpoint, config_path, load_tensor_file, read_config_json, weights_path
 from .infer import infer_vit_config_with_guesses
-from .native import load_tensor_file, read_config_json
 
+FORMAT = "timm"
 SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
 CONFIG_NAME = "config.json"
 # the weights of a hub directory, in the order timm's load_state_dict_from_path prefers them
@@ -86,11 +91,6 @@ _NEUTRAL_ARGS: dict[str, Any] = dict(
 )
 
 
-def read_timm(path: str | Path) -> dict[str, torch.Tensor]:
-    """A timm state dict from .safetensors or a torch file (loaded with weights_only=True: no pickled code)."""
-    return load_tensor_file(path)
-
-
 def is_timm_config(doc: dict[str, Any]) -> bool:
     """A config.json as timm's hub writes it: an architecture name and its arguments, no HF model_type."""
     return (
@@ -107,8 +107,7 @@ def hub_config_path(path: str | Path) -> Path | None:
     A config.json beside the weights that is not timm's (or not readable) belongs to something else and is
     left alone; a directory's own config.json is checked by the format detection before this.
     """
-    path = Path(path)
-    cfg = path / CONFIG_NAME if path.is_dir() else path.with_name(CONFIG_NAME)
+    cfg = config_path(path)
     if not cfg.is_file():
         return None
     try:
@@ -117,19 +116,32 @@ def hub_config_path(path: str | Path) -> Path | None:
         return None
 
 
+def detect(path: str | Path) -> bool:
+    """A timm hub directory (its config.json names an architecture), or any torch / safetensors weights file."""
+    path = Path(path)
+    if path.is_dir():
+        return hub_config_path(path) is not None
+    return path.is_file() and path.suffix in SUFFIXES
+
+
 def read_timm_hub(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, Path | None]:
     """(state dict, timm config.json or None, its path) from a weights file or a timm hub directory."""
-    path = Path(path)
-    weights = path
-    if path.is_dir():
-        found = [path / n for n in HUB_WEIGHTS if (path / n).is_file()]
-        if not found:
-            raise UserFileNotFoundError(
-                f"{path}: no weights; a timm hub directory holds one of {', '.join(HUB_WEIGHTS)}"
-            )
-        weights = found[0]
     cfg_path = hub_config_path(path)
-    return read_timm(weights), read_config_json(cfg_path) if cfg_path else None, cfg_path
+    weights = load_tensor_file(weights_path(path, HUB_WEIGHTS, "timm hub"))
+    return weights, read_config_json(cfg_path) if cfg_path else None, cfg_path
+
+
+def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
+    """A timm ViT (or BiT ResNetV2) state dict; config and preprocessing from its hub config.json when there is one."""
+    raw, hub, hub_path = read_timm_hub(path)
+    source = str(hub_path or path)
+    metadata = from_timm_config(hub)
+    if big_transfer.is_timm_resnetv2(raw):  # resnetv2_*_bit: a BiT, not a ViT
+        config, state = big_transfer.read_timm_resnetv2(raw, hub, source)
+        return Checkpoint(path, FORMAT, config, state, metadata)
+    state = timm_to_vitkit(raw)
+    config, guessed = infer_timm_config(state, hub, source)
+    return Checkpoint(path, FORMAT, config, state, metadata, guessed)
 
 
 def timm_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -168,24 +180,6 @@ def infer_timm_config(
     config["ln_eps"] = args.get("norm_eps", TIMM_EPS)
     config["dynamic_img_size"] = bool(args.get("dynamic_img_size", False))
     return config, guessed
-
-
-def hub_metadata(hub: dict[str, Any] | None) -> dict[str, Any]:
-    """Class names (label_names) and preprocessing (mean, std, crop_pct) of a timm config.json, in vitkit's names."""
-    if not hub:
-        return {}
-    out: dict[str, Any] = {}
-    names = hub.get("label_names")
-    if isinstance(names, dict):  # timm's spelling when the ids have gaps; vitkit's class names have none
-        ids = [str(i) for i in range(len(names))]
-        names = [names[i] for i in ids] if set(names) == set(ids) else None
-    if isinstance(names, list) and names:
-        out["class_names"] = names
-    pretrained = hub.get("pretrained_cfg") or {}
-    for theirs, ours in (("mean", "mean"), ("std", "std"), ("crop_pct", "crop_fraction")):
-        if pretrained.get(theirs) is not None:
-            out[ours] = pretrained[theirs]
-    return out
 
 
 def _arch_args(hub: dict[str, Any]) -> dict[str, Any]:
@@ -257,8 +251,8 @@ def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
 
     A pre-logits layer is written as pre_logits.fc.* (timm < 0.9's representation_size layout).
     """
-    cfg = model.config
-    if getattr(cfg, "arch", None) != "vit" or (cfg.pos_embed, cfg.pos_embed_where) != ("learned", "input"):
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ViTConfig) or (cfg.pos_embed, cfg.pos_embed_where) != ("learned", "input"):
         raise UserError(
             "only VisionTransformer models with learned 1-D position embeddings at the input have a timm layout"
         )
@@ -276,7 +270,7 @@ def timm_kwargs(model: nn.Module) -> dict[str, Any]:
     fc_norm=False so GAP pools normalised tokens. Hybrids additionally need timm's ResNetV2 backbone as
     embed_layer (timm's vit_*_r50_* constructors).
     """
-    cfg = model.config
+    cfg = vit_config_of(model, "timm_kwargs")
     return dict(
         img_size=cfg.img_size,
         patch_size=cfg.patch_size,
@@ -294,15 +288,16 @@ def timm_kwargs(model: nn.Module) -> dict[str, Any]:
     )
 
 
-def hub_config(model: nn.Module, metadata: dict[str, Any] | None = None) -> dict[str, Any]:
+def hub_config(model: nn.Module, preprocessing: Preprocessing | None = None) -> dict[str, Any]:
     """The config.json timm's hub format keeps beside the weights, for this model (see ``save_timm``).
 
     ``model_args`` are ``timm_kwargs`` plus what timm's current VisionTransformer has no argument for:
     ``representation_size`` (timm < 0.9's pre-logits, matching the pre_logits.fc.* keys) and ``norm_eps``
     (LayerNorm eps other than timm's 1e-6). timm refuses those rather than building another function.
-    ``pretrained_cfg`` holds the input size and, when the metadata knows them, mean, std and crop_pct.
+    ``pretrained_cfg`` holds the preprocessing record (input size, mean, std, crop_pct, interpolation, classes;
+    the model's own [-1, 1] pixels at its resolution when no record is given), read back by ``from_timm_config``.
     """
-    cfg = model.config
+    cfg = vit_config_of(model, "a timm export")
     args = timm_kwargs(model)
     for key in ("img_size", "patch_size"):  # timm's spelling of a square size is one int
         h, w = args[key]
@@ -313,20 +308,15 @@ def hub_config(model: nn.Module, metadata: dict[str, Any] | None = None) -> dict
         args["norm_eps"] = cfg.ln_eps
     if cfg.dynamic_img_size:
         args["dynamic_img_size"] = True
+    prep = preprocessing or for_config({}, cfg.to_dict(), source="the model")
+    if prep.class_names and len(prep.class_names) != cfg.num_classes:
+        prep = prep.with_classes(None)  # names of another head
     pretrained: dict[str, Any] = dict(
-        input_size=[cfg.in_chans, *cfg.img_size],
+        **prep.to_timm_pretrained_cfg(cfg.num_classes),
         fixed_input_size=not cfg.dynamic_img_size,
-        interpolation="bilinear",  # how vitkit and the official code resize for evaluation
-        num_classes=cfg.num_classes,
         first_conv="patch_embed.backbone.stem.conv" if cfg.resnet_layers is not None else "patch_embed.proj",
         classifier="head",
     )
-    from ..predict import dataset_info  # the one reader of preprocessing in metadata
-
-    info = dataset_info(metadata or {})
-    for ours, theirs in (("mean", "mean"), ("std", "std"), ("crop_fraction", "crop_pct")):
-        if ours in info:
-            pretrained[theirs] = info[ours]
     doc: dict[str, Any] = dict(
         architecture=architecture_name(model),
         num_classes=cfg.num_classes,
@@ -335,9 +325,8 @@ def hub_config(model: nn.Module, metadata: dict[str, Any] | None = None) -> dict
         model_args=args,
         pretrained_cfg=pretrained,
     )
-    names = info.get("class_names")
-    if names and len(names) == cfg.num_classes:
-        doc["label_names"] = [str(n) for n in names]
+    if prep.class_names:
+        doc["label_names"] = list(prep.class_names)
     return doc
 
 
@@ -347,10 +336,10 @@ def architecture_name(model: nn.Module) -> str:
     Only patch, width, depth, heads, MLP width and image size pick the name: model_args carry the rest (GELU,
     pooling), and timm's constructors let them override their own.
     """
-    cfg = model.config
+    cfg = vit_config_of(model, "architecture_name")
     if cfg.resnet_layers is not None:
         return HYBRID_ARCH
-    (ph, pw), (h, w) = cfg.patch_size, cfg.img_size
+    (ph, pw), (h, w) = pair(cfg.patch_size), pair(cfg.img_size)
     if ph != pw or h != w or cfg.mlp_dim != 4 * cfg.width:
         return GENERIC_ARCH
     for size, row in TIMM_SIZES.items():
@@ -360,7 +349,7 @@ def architecture_name(model: nn.Module) -> str:
     return GENERIC_ARCH
 
 
-def save_timm(model: nn.Module, path: str | Path, metadata: dict[str, Any] | None = None) -> Path:
+def save_timm(model: nn.Module, path: str | Path, preprocessing: Preprocessing | None = None) -> Path:
     """Write the timm state dict to ``path`` (.safetensors) and timm's hub config.json beside it; returns path.
 
     Both are built before either is written, and each is written atomically.
@@ -369,7 +358,7 @@ def save_timm(model: nn.Module, path: str | Path, metadata: dict[str, Any] | Non
 
     path = Path(path)
     state = vitkit_to_timm(model)
-    text = json.dumps(hub_config(model, metadata), indent=2) + "\n"
+    text = json.dumps(hub_config(model, preprocessing), indent=2) + "\n"
     atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
     atomic_write_text(path.with_name(CONFIG_NAME), text)
     return path

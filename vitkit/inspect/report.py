@@ -28,7 +28,7 @@ from ..errors import UserError
 from ..io import atomic_write_text
 from ..models import VisionTransformer
 from ..models.common import as_pair
-from ..predict import Preprocessing
+from ..predict import Preprocessing, image_transform
 from . import figures
 from .attention import (
     attention_distance,
@@ -54,7 +54,7 @@ class InspectionImage:
 
 def images_from_files(files: Sequence[str | Path], prep: Preprocessing) -> tuple[list[InspectionImage], list[str]]:
     """Load image files with the model's preprocessing; unreadable files are returned as error lines."""
-    transform, images, errors = prep.transform(), [], []
+    transform, images, errors = image_transform(prep), [], []
     for f in files:
         try:
             x = transform(load_image(f))  # (C, H, W)

@@ -22,9 +22,10 @@ from typing import Any
 
 from torch import nn
 
-from ..checkpoint.loader import Checkpoint, load_pretrained
+from ..checkpoint.loader import Checkpoint
 from ..data import build_datasets
 from ..errors import UserError
+from ..hub import load_pretrained
 from ..hub import read_checkpoint as read_source  # a path or a pretrained tag (downloaded once)
 from .config import TrainConfig, config_from_dict, data_section
 from .mpp import MPP_PREFIX
@@ -72,17 +73,8 @@ def init_from_checkpoint(model: nn.Module, source: str | Path | Checkpoint, num_
 
 # ------------------------------------------------------------------------------------------- one command
 def preprocessing_fields(ckpt: Checkpoint) -> dict[str, Any]:
-    """The data fields the weights expect: their resolution, channels, mean / std and eval crop."""
-    meta, config = ckpt.metadata, ckpt.config
-    size = config.get("img_size", 224)
-    fields = {
-        "img_size": int(meta.get("img_size", size[0] if isinstance(size, (list, tuple)) else size)),
-        "mean": meta.get("mean", 0.5),  # the paper's [-1, 1] pixels unless the weights say otherwise
-        "std": meta.get("std", 0.5),
-    }
-    if "crop_fraction" in meta:
-        fields["eval_crop_fraction"] = meta["crop_fraction"]
-    return fields
+    """The data fields the weights expect: their resolution, mean / std and eval crop (the checkpoint's record)."""
+    return ckpt.preprocessing.data_fields(ckpt.metadata)
 
 
 def _given(overrides: Sequence[str]) -> set[str]:

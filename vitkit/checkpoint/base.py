@@ -1,0 +1,196 @@
+"""What every checkpoint format shares: the ``Checkpoint`` a reader returns, .npz arrays read without pickle,
+and the "config.json + weights" directory layout that vitkit's own, Hugging Face and timm hub files all use.
+
+A format is one module with ``FORMAT`` (its name), ``detect(path) -> bool`` (from names and config.json alone,
+no weights read) and ``read(path, overrides, tower) -> Checkpoint``, plus a writer where vitkit exports it;
+loader.py asks them in turn.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tokenize
+import zipfile
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+
+from ..errors import UserError, UserFileNotFoundError
+from ..models.vit import ViTConfig
+from ..preprocessing import Preprocessing, for_config
+
+__all__ = [
+    "CONFIG_NAME",
+    "Checkpoint",
+    "config_path",
+    "load_safetensors",
+    "load_tensor_file",
+    "read_config_and_weights",
+    "read_config_json",
+    "read_npz",
+    "weights_path",
+]
+
+CONFIG_NAME = "config.json"
+
+
+def load_tensor_file(path: str | Path) -> dict[str, torch.Tensor]:
+    """A dict of tensors from .safetensors or a torch file; torch files load with weights_only=True (no code runs).
+
+    A dict wrapped under 'state_dict' or 'model' (training scripts' habit) is unwrapped. A file that cannot be
+    read so is a UserError naming it.
+    """
+    path = Path(path)
+    if path.suffix == ".safetensors":
+        return load_safetensors(path)
+    try:
+        state: Any = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # UnpicklingError for anything beyond plain tensors and containers, and others
+        cause = _torch_load_cause(e)  # not chained: torch's text would advise weights_only=False
+        raise UserError(f"{path}: not a plain tensor file readable with weights_only=True ({cause})") from None
+    for key in ("state_dict", "model"):
+        if isinstance(state, dict) and isinstance(state.get(key), dict):
+            state = state[key]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise UserError(f"{path}: expected a dict of tensors (optionally under 'state_dict' or 'model')")
+    return state
+
+
+def _torch_load_cause(error: Exception) -> str:
+    """What torch.load refused, in a few words.
+
+    torch's own text is not shown: it is many lines long and advises loading with weights_only=False, which runs
+    whatever code the file names, the very thing a weights file from elsewhere must not be allowed to do.
+    """
+    found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
+    if found:
+        return f"it holds a pickled Python object, {found.group(1)}, beyond tensors and plain containers"
+    if isinstance(error, EOFError):
+        return "the file is empty or truncated"
+    if isinstance(error, RuntimeError) and "zip archive" in str(error):
+        return "a corrupt or truncated torch zip archive"
+    return f"corrupt, truncated or not a torch file: {type(error).__name__}"
+
+
+def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
+    """The tensors of a .safetensors file; a corrupt or truncated one is a UserError naming it."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as e:  # safetensors' own type, for a bad header, a truncated body, a wrong dtype, ...
+        raise UserError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from None
+
+
+def read_config_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object in a config.json; a file that is not JSON, or JSON that is not an object, is a UserError."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(doc, dict):
+        kind = "null" if doc is None else f"a JSON {_JSON_KINDS.get(type(doc), type(doc).__name__)}"
+        raise UserError(f"{path}: expected a JSON object {{...}}, found {kind}")
+    return doc
+
+
+_JSON_KINDS = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read into vitkit's naming, with the model config inferred from (or stored in) the file."""
+
+    path: Path
+    format: str
+    config: dict[str, Any]
+    state: dict[str, torch.Tensor]
+    metadata: dict[str, Any] = field(default_factory=dict)
+    guessed: dict[str, str] = field(default_factory=dict)  # config field -> the guess, its reason, its override
+
+    def grid(self) -> tuple[int, int] | None:
+        """The token grid of the stored position embedding (None for non-ViT checkpoints)."""
+        if self.config.get("arch", "vit") != "vit":
+            return None
+        fields = {k: v for k, v in self.config.items() if k != "arch"}
+        return ViTConfig(**fields).grid()
+
+    @property
+    def preprocessing(self) -> Preprocessing:
+        """The one record of what the weights expect (size, mean / std, crop, channels, class names)."""
+        return for_config(self.metadata, self.config, source=str(self.path))
+
+
+def config_path(path: str | Path) -> Path:
+    """The config.json of a checkpoint directory, or the one beside a weights file."""
+    path = Path(path)
+    return path / CONFIG_NAME if path.is_dir() else path.with_name(CONFIG_NAME)
+
+
+def weights_path(path: str | Path, weight_names: Sequence[str], what: str) -> Path:
+    """The weights file of a checkpoint: ``path`` itself when it is a file other than config.json, else the first
+    of ``weight_names`` in its directory; none is a UserFileNotFoundError naming the format (``what``)."""
+    path = Path(path)
+    if path.is_file() and path.name != CONFIG_NAME:
+        return path
+    directory = path if path.is_dir() else path.parent
+    found = next((directory / n for n in weight_names if (directory / n).is_file()), None)
+    if found is None:
+        raise UserFileNotFoundError(
+            f"{directory}: no weights; a {what} checkpoint holds one of {', '.join(weight_names)}"
+        )
+    return found
+
+
+def read_config_and_weights(
+    path: str | Path, weight_names: Sequence[str], what: str
+) -> tuple[dict[str, Any], Path, dict[str, torch.Tensor]]:
+    """(config.json as a dict, its path, the weights) of a checkpoint directory or a weights file in one: the
+    layout of vitkit's own and Hugging Face checkpoints (timm's hub directories read their optional config.json
+    themselves and their weights through ``weights_path``). ``what`` names the format in errors."""
+    cfg_path = config_path(path)
+    if not cfg_path.is_file():
+        raise UserFileNotFoundError(f"{cfg_path}: missing; a {what} checkpoint needs {CONFIG_NAME}")
+    config = read_config_json(cfg_path)
+    return config, cfg_path, load_tensor_file(weights_path(path, weight_names, what))
+
+
+def read_npz(path: str | Path) -> dict[str, np.ndarray]:
+    """All arrays of an .npz, refusing pickled objects (np.load with allow_pickle=False)."""
+    try:
+        data = np.load(path, allow_pickle=False)
+    except ValueError as e:  # numpy takes anything that is neither zip nor .npy for a pickle, and refuses it
+        raise UserError(
+            f"{path}: pickled data (or not an .npz at all); refusing to unpickle it (allow_pickle=False)"
+        ) from e
+    except EOFError:
+        raise UserError(f"{path}: empty file, expected an .npz archive") from None
+    except (zipfile.BadZipFile, OSError) as e:
+        raise UserError(f"{path}: not a readable .npz archive ({e})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise UserError(f"{path}: a single array, expected an .npz archive of named parameters")
+    arrays = {}
+    with data:
+        for key in data.files:
+            try:
+                arrays[key] = data[key]
+            except ValueError as e:
+                if "allow_pickle" in str(e):  # numpy's refusal of an object array: pickled Python objects
+                    raise UserError(
+                        f"{path}: array {key!r} holds pickled Python objects; refusing to load it (allow_pickle=False)"
+                    ) from e
+                raise UserError(f"{path}: array {key!r} is corrupt or truncated ({' '.join(str(e).split())})") from None
+            # a damaged member fails in zipfile (bad CRC), zlib (compressed data) or numpy's header parser
+            except (EOFError, OSError, zipfile.BadZipFile, zlib.error, SyntaxError, tokenize.TokenError) as e:
+                cause = f"{type(e).__name__}: {' '.join(str(e).split())}"
+                raise UserError(f"{path}: array {key!r} is corrupt or truncated ({cause})") from None
+            if not isinstance(arrays[key], np.ndarray):  # NpzFile hands back raw bytes for a member that is no .npy
+                raise UserError(f"{path}: member {key!r} is not an .npy array")
+    return arrays
