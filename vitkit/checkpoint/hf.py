@@ -304,6 +304,10 @@ def save_hf(model: nn.Module, directory: str | Path, class_names: list[str] | No
     hf_config, state = vitkit_to_hf(model, id2label)
     architectures = ["ViTForImageClassification"] if model.config.num_classes else ["ViTModel"]
     doc = {**hf_config.to_dict(), "architectures": architectures, "model_type": "vit"}
-    atomic_write(directory / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write(
+        directory / "model.safetensors",
+        lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
+        size=sum(t.nbytes for t in state.values()),
+    )
     atomic_write_text(directory / CONFIG_NAME, json.dumps(doc, indent=2, default=str) + "\n")
     return directory
