@@ -189,9 +189,15 @@ def test_a_lock_file_removed_between_open_and_lock_is_not_the_lock(tmp_path, mon
 
 
 _CONTEND = """
-import os, sys
+import os, sys, time
 from vitkit.io import DirectoryLock
 run, marker, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
+opened = DirectoryLock._open
+def slow_open(self):  # widens the window between open and lock, where a release can remove the file
+    fd = opened(self)
+    time.sleep(0.0005)
+    return fd
+DirectoryLock._open = slow_open
 won = 0
 while won < rounds:
     try:
@@ -200,6 +206,7 @@ while won < rounds:
         continue
     fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # FileExistsError: two owners at once
     os.close(fd)
+    time.sleep(0.001)  # holds the directory a while, as a run does
     os.unlink(marker)
     lock.release()
     won += 1
@@ -211,7 +218,7 @@ def test_processes_contending_for_a_lock_that_is_removed_on_release_still_exclud
     marker = tmp_path / "inside"
     procs = [
         subprocess.Popen(
-            [sys.executable, "-c", _CONTEND, str(tmp_path / "run"), str(marker), "150"],
+            [sys.executable, "-c", _CONTEND, str(tmp_path / "run"), str(marker), "80"],
             env=_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

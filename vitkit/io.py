@@ -336,7 +336,7 @@ class DirectoryLock:
             os.close(fd)  # locked after its owner removed it: an orphan; the directory's lock is a new file
         else:
             raise UserError(f"{self.path}: replaced every time it was locked ({self.ATTEMPTS} tries)")
-        if os.fstat(fd).st_nlink != 1:
+        if os.fstat(fd).st_nlink > 1:  # another name for the same file, planted to make us truncate it
             os.close(fd)
             raise UserError(f"{self.path}: has other hard links; a run directory's lock must be a file of its own")
         os.ftruncate(fd, 0)
