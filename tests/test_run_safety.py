@@ -79,6 +79,7 @@ time.sleep(60)
 
 def test_a_second_process_on_a_run_directory_fails_at_once(tmp_path, capsys):
     run = train(tiny(tmp_path)).run_dir
+    assert not (run / ".lock").exists()  # a finished run holds no lock file
     holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(run)], stdout=subprocess.PIPE, env=_env(), text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -95,6 +96,7 @@ def test_a_second_process_on_a_run_directory_fails_at_once(tmp_path, capsys):
     with pytest.raises(UserError, match="in use by this process"):
         DirectoryLock(run).acquire()
     lock.release()
+    assert not (run / ".lock").exists()
 
 
 def test_new_runs_of_one_name_never_share_a_directory(tmp_path):
@@ -138,10 +140,14 @@ def test_a_signal_saves_a_resumable_checkpoint_at_a_step_boundary(tmp_path, sign
 # ------------------------------------------------------------------------------------- leftovers, non-finite
 def test_leftovers_of_a_killed_save_are_removed_on_the_next_start(tmp_path):
     run = train(tiny(tmp_path)).run_dir
-    leftover = run / ".model.safetensors.k1ll3d.tmp"
-    leftover.write_bytes(b"half a file")
+    # atomic_write's temp file (mkstemp: 8 characters) and safetensors' own (".tmp" and 6), as a SIGKILL leaves them
+    leftovers = [run / ".model.safetensors.k1ll3d_x.tmp", run / ".tmpK1ll3d"]
+    for leftover in leftovers:
+        leftover.write_bytes(b"half a file")
+    (run / "notes.tmp").write_text("mine")
     train(tiny(tmp_path, "run.resume=true", "schedule.steps=5"))
-    assert not leftover.exists()
+    assert not any(leftover.exists() for leftover in leftovers)
+    assert (run / "notes.tmp").read_text() == "mine"  # only the writers' temp names are cleared
 
 
 def test_non_finite_weights_are_never_saved_as_the_last_good_checkpoint(tmp_path):
@@ -195,4 +201,4 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_the_old_one(tmp_path
     assert main(["convert", str(src), str(dst)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "No space left on device" in err and str(dst / "model.safetensors") in err
-    assert not dst.exists() or not list(dst.iterdir())  # no partial file under the final name, no leftover
+    assert not dst.exists()  # no partial file, no leftover, not even the directory the write created

@@ -1,65 +1,285 @@
-"""Files that are never half-written or shared: atomic writes and a one-process lock on a directory.
+"""Files that are never half-written, shared or written through a link: atomic writes and a one-process lock.
 
 ``atomic_write`` (a temp file in the same directory, fsync, rename) is used by every writer of the package
 (checkpoints, run records, figures, reports), so an interrupted write leaves the previous file (or none) under
 the final name, never a truncated one. ``DirectoryLock`` keeps a run directory to one live process.
+
+Symbolic links: nothing here writes through a link it did not make. The lock and appended records are opened
+with O_NOFOLLOW; an atomic write renames onto its final name, which replaces a link found there by the new file
+(the link's target is never opened), so a link planted under a run's file name never gets its target
+overwritten. Links to directories are honoured (runs kept on another disk through a linked folder are a setup,
+not an attack); the file written inside is still never a link.
+
+When the system refuses a write (full disk, quota, read-only mount, permissions, file-size limit, I/O error)
+the error is one line naming the final file and the reason, nothing is replaced, and what the write made (its
+temp file, directories it created) is removed. How a refusal is recognised, whatever the writing library says:
+
+1. an OSError whose errno is one of ``REFUSED`` (or ``BAD_PATH``), found in the exception or along its
+   ``__cause__`` / ``__context__`` chain;
+2. otherwise, for libraries that wrap the OS error in their own type (safetensors' Rust writer says
+   "... (os error 28)"; other versions printed "Os { code: 28, ... }"), an errno read from the message counts only
+   when the target filesystem confirms it: ENOSPC / EDQUOT when ``statvfs`` shows no free blocks (or no free
+   inodes), or fewer free bytes than the write attempted (``size=``, or the bytes in the temp file); EROFS
+   when the filesystem is mounted read-only; EACCES / EPERM when the directory is not writable; EFBIG when
+   the attempt exceeds the process's file-size limit. EIO is never taken from a message alone.
+
+Anything else keeps its traceback: it is a bug, not the user's to fix.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import re
+import shutil
+import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 from .errors import UserError
 
+# the system refused the write: the user's to fix (free space, quota, a read-only mount, permissions, a file-size
+# limit, a failing disk)
+REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO})
+# the final name cannot hold a file (a directory there, a file where a directory should be, a name too long);
+# taken only from a real OSError, never from a message
+BAD_PATH = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EEXIST})
 
-def atomic_write(path: str | Path, write_fn: Callable[[str], object]) -> None:
-    """Call write_fn(tmp_path) and rename the result onto path; the old file stays intact on failure."""
+# an errno in a library's message: Rust's io::Error ("(os error 28)", "Os { code: 28, ...}"), Python's
+# "[Errno 28]", and the plain "errno 28" / "errno=28"
+_ERRNO_IN_TEXT = re.compile(r"\(os error (\d+)\)|\bOs \{ code: (\d+)|\[Errno (\d+)\]|\berrno[ =:]+(\d+)", re.I)
+
+
+def atomic_write(path: str | Path, write_fn: Callable[[str], object], *, size: int | None = None) -> None:
+    """Call write_fn(tmp_path) and rename the result onto path; the old file stays intact on failure.
+
+    ``size``: about how many bytes write_fn writes, where the caller knows it (the tensors of a safetensors
+    file); it lets a full disk that a library reports only in its message be confirmed against the free space.
+    A symbolic link at ``path`` is replaced by the new file; its target is left as it was.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    created: list[Path] = []
+    tmp: str | None = None
+    mine = {str(path)}  # the files this write names: an OSError about another one says which
     try:
+        _make_directories(path.parent, created)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # O_EXCL: never a link
+        os.close(fd)
+        mine.add(tmp)
         write_fn(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())  # a full disk may only show here, when the data is really written
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; give it the usual permissions
-        os.replace(tmp, path)
+        _seal(tmp)
+        os.replace(tmp, path)  # rename replaces whatever is at path, a link included, never writing through it
+        tmp = None
+        _fsync_directory(path.parent)
     except BaseException as e:
-        Path(tmp).unlink(missing_ok=True)
-        # the system refusing the write (full disk, quota, read-only): the user's to fix, named by the final file;
-        # writers in Rust (safetensors) report the OS error inside their own exception type
-        if isinstance(e, OSError) or (isinstance(e, Exception) and "Os { code" in str(e)):
-            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-            raise UserError(f"{path}: could not be written ({reason}); nothing was replaced") from e
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        # judged before the temp file goes, while the space it holds still counts as used
+        attempted = max(size or 0, _size_of(tmp))
+        reason = _refusal(e, path.parent, attempted, mine) if isinstance(e, Exception) else None
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        for directory in reversed(created):  # only what this write created, and only while it is empty
+            try:
+                directory.rmdir()
+            except OSError:
+                break
+        if reason is None:
+            raise
+        raise UserError(f"{path}: could not be written ({reason}); nothing was replaced") from e
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
-def remove_stale_temp_files(directory: str | Path) -> list[Path]:
-    """Delete what an atomic write killed mid-way left behind (``.NAME.*.tmp``); returns what was removed.
+def append_text(path: str | Path, text: str) -> None:
+    """Append text to path (created if missing), never through a symbolic link; one write call."""
+    path = Path(path)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    except OSError as e:
+        if path.is_symlink():
+            raise UserError(
+                f"{path}: is a symbolic link; vitkit appends only to a plain file (remove the link)"
+            ) from None
+        if e.errno in REFUSED | BAD_PATH:
+            raise UserError(f"{path}: could not be written ({e.strerror})") from e
+        raise
+    try:
+        os.write(fd, text.encode())
+    except OSError as e:
+        if e.errno in REFUSED:
+            raise UserError(f"{path}: could not be written ({e.strerror})") from e
+        raise
+    finally:
+        os.close(fd)
 
-    Only call this for a directory no other live process writes to (a run directory under its lock).
+
+def _make_directories(directory: Path, created: list[Path]) -> None:
+    """mkdir -p directory, appending each directory it creates (outermost first) to created."""
+    missing = []
+    while not directory.is_dir():
+        missing.append(directory)
+        if directory.parent == directory:
+            break
+        directory = directory.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+            continue  # a concurrent writer made it: not ours to remove
+        created.append(d)
+
+
+def _seal(tmp: str) -> None:
+    """fsync what write_fn wrote (a full disk may only show here) and give it the permissions a new file gets."""
+    fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise RuntimeError(f"{tmp}: the writer left something other than a regular file")
+        os.fsync(fd)
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp (and the writers' own temp files) make it private
+    finally:
+        os.close(fd)
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename itself durable (its directory entry), where the system allows it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on a directory; the file itself is already on disk
+    finally:
+        os.close(fd)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask would, for a moment, for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _size_of(tmp: str | None) -> int:
+    try:
+        return os.lstat(tmp).st_size if tmp is not None else 0
+    except OSError:
+        return 0
+
+
+def _chain(e: BaseException) -> Iterator[BaseException]:
+    """e, then its causes and contexts, each once."""
+    seen: set[int] = set()
+    todo = [e]
+    while todo:
+        x = todo.pop(0)
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        todo.extend(c for c in (x.__cause__, x.__context__) if c is not None)
+
+
+def _refusal(e: Exception, directory: Path, attempted: int, mine: set[str]) -> str | None:
+    """Why the system refused the write that raised e (the module docstring's rule), or None for anything else."""
+    for x in _chain(e):
+        if isinstance(x, OSError) and x.errno in REFUSED | BAD_PATH:
+            reason = x.strerror or os.strerror(x.errno)
+            if x.filename is not None and os.fsdecode(x.filename) not in mine:
+                reason += f": {os.fsdecode(x.filename)}"  # another file than the one being written
+            return reason
+    for x in _chain(e):
+        for match in _ERRNO_IN_TEXT.finditer(str(x)):
+            code = int(next(g for g in match.groups() if g is not None))
+            if code in REFUSED and _confirmed(code, directory, attempted):
+                return os.strerror(code)
+    return None
+
+
+def _confirmed(code: int, directory: Path, attempted: int) -> bool:
+    """Whether the filesystem under directory bears out an errno that a library only wrote in its message."""
+    while not directory.is_dir() and directory.parent != directory:
+        directory = directory.parent
+    try:
+        fs = os.statvfs(directory)
+    except OSError:
+        return False
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        no_inodes = fs.f_files > 0 and fs.f_favail == 0  # f_files 0: the filesystem does not count inodes
+        return fs.f_bavail == 0 or no_inodes or fs.f_bavail * fs.f_frsize < attempted
+    if code == errno.EROFS:
+        return bool(fs.f_flag & os.ST_RDONLY)
+    if code in (errno.EACCES, errno.EPERM):
+        return not os.access(directory, os.W_OK)
+    if code == errno.EFBIG:
+        import resource
+
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        return limit != resource.RLIM_INFINITY and attempted > limit
+    return False  # EIO: nothing on the filesystem to check it against
+
+
+# ------------------------------------------------------------------------------------------- leftovers
+# Every temporary name vitkit's writers use beside their final file, and so what a process killed mid-write can
+# leave behind. Nothing else is touched.
+TEMP_FILES = (
+    # atomic_write: tempfile.mkstemp(prefix=".NAME.", suffix=".tmp"), 8 characters of tempfile's alphabet
+    re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"),
+    # safetensors (>= 0.8) writes through a sibling tempfile::NamedTempFile of the Rust crate, renamed onto the
+    # name it was given (atomic_write's temp file): ".tmp" and 6 ASCII letters or digits
+    re.compile(r"\.tmp[A-Za-z0-9]{6}"),
+    # pretrained.download_url: the body so far, ".NAME.<uuid4 hex>.part" beside the cached file
+    re.compile(r"\..+\.[0-9a-f]{32}\.part"),
+)
+# export_onnx(int8=True): a work directory beside the destination holding the fp32 graph
+TEMP_DIRS = (re.compile(r"\.vitkit-export-[a-z0-9_]{8}"),)
+_TEMP_DIR_CONTENTS = {"fp32.onnx", "fp32.onnx.data"}
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether name is one of the temporary file names vitkit's writers use."""
+    return any(p.fullmatch(name) for p in TEMP_FILES)
+
+
+def _is_temp_dir(path: Path) -> bool:
+    """A work directory of TEMP_DIRS holding nothing but what its writer puts there."""
+    return any(p.fullmatch(path.name) for p in TEMP_DIRS) and set(os.listdir(path)) <= _TEMP_DIR_CONTENTS
+
+
+def remove_stale_temp_files(directory: str | Path) -> list[Path]:
+    """Delete what writers killed mid-way left in directory (``TEMP_FILES``, ``TEMP_DIRS``); returns what went.
+
+    Only regular files and directories are removed, never a link. Only call this for a directory no other live
+    process writes to (a run directory under its lock).
     """
     removed = []
-    for tmp in Path(directory).glob(".*.tmp"):
-        if tmp.is_file():
-            tmp.unlink(missing_ok=True)
-            removed.append(tmp)
-    return removed
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            path = Path(entry.path)
+            if entry.is_file(follow_symlinks=False) and is_temp_name(entry.name):
+                path.unlink(missing_ok=True)
+                removed.append(path)
+            elif entry.is_dir(follow_symlinks=False) and _is_temp_dir(path):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path)
+    return sorted(removed)
 
 
+# ------------------------------------------------------------------------------------------------ lock
 class DirectoryLock:
     """An exclusive lock on a directory for the life of one process: ``DirectoryLock(run_dir).acquire()``.
 
@@ -67,39 +287,96 @@ class DirectoryLock:
     The kernel drops it when its process ends, however it ends, so a lock left by a killed process is simply
     taken over; a live owner makes ``acquire`` fail at once with a UserError naming the directory and the pid.
     Record locks belong to the process, not to its open files, so DataLoader workers forked while the lock is
-    held do not keep it alive after their parent lets go.
+    held do not keep it alive after their parent lets go (and their copy of it never removes the file).
+    The flip side: closing any descriptor of ``.lock`` drops the owner's lock, so the owning process must never
+    open that file itself (its pid is for other processes to read).
+
+    ``release`` removes the file, so a finished run holds no ``.lock``. It unlinks while still holding the
+    lock, and ``acquire`` checks after locking that ``.lock`` is still the file it locked (same inode): a
+    process that opened the old file just before it went locks an orphan, sees that, and starts again on the
+    new one, so two processes can never both believe they hold the directory.
+
+    ``.lock`` is opened with O_NOFOLLOW and must be a regular file with no other links: a symbolic or hard link
+    planted there is refused (a UserError naming it), its target untouched.
     """
 
     NAME = ".lock"
-    _held: set[Path] = set()  # directories locked by this process (record locks do not exclude their owner)
+    ATTEMPTS = 100  # of the open-lock-check cycle; each retry means another process released the file meanwhile
+    _held: ClassVar[set[Path]] = set()  # directories locked by this process (record locks do not exclude it)
 
     def __init__(self, directory: str | Path) -> None:
         self.path = Path(directory).resolve() / self.NAME
         self._fd: int | None = None
+        self._pid = 0
 
     def acquire(self) -> DirectoryLock:
         import fcntl
 
         if self.path in DirectoryLock._held:
             raise UserError(f"{self.path.parent}: in use by this process already; a run directory takes one run")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        for _ in range(self.ATTEMPTS):
+            fd = self._open()
+            try:
+                fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                if e.errno not in (errno.EACCES, errno.EAGAIN):
+                    os.close(fd)
+                    raise
+                owner = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                named = self._names(fd)
+                os.close(fd)
+                if not named:
+                    continue  # its owner is releasing it: the file is gone from the directory
+                raise UserError(
+                    f"{self.path.parent}: in use by a live process (pid {owner}); a run directory takes one process "
+                    "at a time"
+                ) from None
+            if self._names(fd):
+                break
+            os.close(fd)  # locked after its owner removed it: an orphan; the directory's lock is a new file
+        else:
+            raise UserError(f"{self.path}: replaced every time it was locked ({self.ATTEMPTS} tries)")
+        if os.fstat(fd).st_nlink > 1:  # another name for the same file, planted to make us truncate it
             os.close(fd)
-            raise UserError(
-                f"{self.path.parent}: in use by a live process (pid {owner}); a run directory takes one process "
-                "at a time"
-            ) from None
+            raise UserError(f"{self.path}: has other hard links; a run directory's lock must be a file of its own")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self._fd = fd
+        self._fd, self._pid = fd, os.getpid()
         DirectoryLock._held.add(self.path)
         return self
 
     def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the lock; the file stays, unlocked, for the next owner
-            self._fd = None
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            # only the process that locked it, and only while the name is still the file it holds
+            if self._pid == os.getpid() and self._names(fd):
+                self.path.unlink()
+        finally:
+            os.close(fd)  # closing drops the lock
             DirectoryLock._held.discard(self.path)
+
+    def _open(self) -> int:
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            if self.path.is_symlink():
+                raise UserError(
+                    f"{self.path}: is a symbolic link; a run directory's lock is a plain file vitkit makes "
+                    "(remove the link)"
+                ) from None
+            raise UserError(f"{self.path}: cannot be opened to lock the run directory ({e.strerror})") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise UserError(f"{self.path}: is not a regular file; a run directory's lock is a plain file vitkit makes")
+        return fd
+
+    def _names(self, fd: int) -> bool:
+        """Whether self.path still names the file open as fd."""
+        try:
+            now = os.lstat(self.path)
+        except FileNotFoundError:
+            return False
+        held = os.fstat(fd)
+        return (now.st_dev, now.st_ino) == (held.st_dev, held.st_ino)

@@ -324,7 +324,11 @@ def save_hf(
     architectures = ["ViTForImageClassification"] if cfg.num_classes else ["ViTModel"]
     doc = {**hf_config.to_dict(), "architectures": architectures, "model_type": "vit"}
     processor = prep.to_hf_processor()
-    atomic_write(directory / "model.safetensors", lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write(
+        directory / "model.safetensors",
+        lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
+        size=sum(t.nbytes for t in state.values()),
+    )
     atomic_write_text(directory / PROCESSOR_NAME, json.dumps(processor, indent=2) + "\n")
     atomic_write_text(directory / CONFIG_NAME, json.dumps(doc, indent=2, default=str) + "\n")
     return directory

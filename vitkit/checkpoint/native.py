@@ -41,7 +41,11 @@ def save_pretrained(
     if clash:
         raise ValueError(f"save_pretrained: extra tensors {clash} have the names of model weights")
     state.update({k: v.detach().contiguous().cpu() for k, v in (extra or {}).items()})
-    atomic_write(directory / WEIGHTS_NAME, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write(
+        directory / WEIGHTS_NAME,
+        lambda tmp: save_file(state, tmp, metadata={"format": "pt"}),
+        size=sum(t.nbytes for t in state.values()),
+    )
     doc = {"format": FORMAT, "model": config, "metadata": metadata or {}}
     atomic_write_text(directory / CONFIG_NAME, json.dumps(doc, indent=2, default=list) + "\n")
     return directory

@@ -359,6 +359,8 @@ def save_timm(model: nn.Module, path: str | Path, preprocessing: Preprocessing |
     path = Path(path)
     state = vitkit_to_timm(model)
     text = json.dumps(hub_config(model, preprocessing), indent=2) + "\n"
-    atomic_write(path, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}))
+    atomic_write(
+        path, lambda tmp: save_file(state, tmp, metadata={"format": "pt"}), size=sum(t.nbytes for t in state.values())
+    )
     atomic_write_text(path.with_name(CONFIG_NAME), text)
     return path

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ..errors import UserError
-from ..io import atomic_write, atomic_write_text
+from ..io import append_text, atomic_write, atomic_write_text
 
 if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: runs without plots never load it
     from matplotlib.figure import Figure
@@ -55,8 +55,7 @@ class MetricsLog:
         self.writer = SummaryWriter(str(self.path.parent / TENSORBOARD_DIR), purge_step=purge_step or None)
 
     def write(self, record: dict[str, Any]) -> None:
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        append_text(self.path, json.dumps(record) + "\n")  # never through a link planted under its name
         if self.writer is not None:
             kind, step = record.get("kind", "train"), int(record.get("step", 0))
             for key, value in record.items():

@@ -56,7 +56,9 @@ def save_train_state(
         "scaler": scaler.state_dict() if scaler is not None and scaler.is_enabled() else None,
     }
     metadata = {_META_KEY: json.dumps(doc, default=list)}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    atomic_write(
+        path, lambda tmp: save_file(tensors, tmp, metadata=metadata), size=sum(t.nbytes for t in tensors.values())
+    )
 
 
 def read_train_state(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
