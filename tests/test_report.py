@@ -173,6 +173,20 @@ def test_cli_report_and_a_run_without_weights(run_dir, tmp_path, capsys):
     assert err.count("\n") == 1 and "not a training run directory" in err
 
 
+def test_a_masked_patch_prediction_run_reports_its_own_score(tmp_path):
+    cfg = load_config(
+        "mpp_digits",
+        ["schedule.steps=6", f"run.out_dir={tmp_path}", "run.progress=false", "run.threads=1", "run.log_every=2"],
+    )
+    result = train(cfg)
+    page = (result.run_dir / "report.html").read_text()
+    final = [r for r in records(result.run_dir) if r["kind"] == "eval"][-1]
+    headline = page.split('<section id="config">')[0]
+    assert f"{100 * final['eval_mpp_acc']:.2f}%" in headline and "masked patch colour accuracy" in headline
+    assert 'class="confusion"' not in page and "no class labels to score" in page
+    assert "Fig 6:" in page and 'data-chart="loss"' in page  # inspection and curves as for any run
+
+
 def test_text_in_the_data_cannot_end_the_script():
     page = Page("a </script> title")
     page.add("x", "X", page.chart(Chart("c", "C", [Series("</script><script>alert(1)</script>", [1, 2], [0.5, None])])))

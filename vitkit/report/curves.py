@@ -19,8 +19,8 @@ def _series(records: Sequence[dict[str, Any]], key: str, name: str, dashed: bool
 
 
 def steps_per_epoch(records: Sequence[dict[str, Any]]) -> float | None:
-    """Steps per epoch, read off a record that gives both (None when no record does)."""
-    for r in records:
+    """Steps per epoch, read off the last record that gives both (the most digits; None when none does)."""
+    for r in reversed(records):
         if r.get("step") and r.get("epoch"):
             return float(r["step"]) / float(r["epoch"])
     return None

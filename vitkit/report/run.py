@@ -137,8 +137,8 @@ def headline(run: Path, cfg: TrainConfig, records: list[dict[str, Any]], loaded:
     step = int(train[-1]["step"]) if train else int(final.get("step", 0))
     total = None
     if (run / STATE_NAME).is_file():
-        total = read_train_state(run / STATE_NAME)[0].get("total_steps")
-        step = max(step, int(read_train_state(run / STATE_NAME)[0].get("step", step)))
+        state = read_train_state(run / STATE_NAME)[0]
+        total, step = state.get("total_steps"), max(step, int(state.get("step", step)))
     cards.append(_card(f"{fmt(step)}" + (f" / {fmt(int(total))}" if total else ""), "steps"))
     if train:
         cards.append(_card(f"{float(train[-1].get('epoch', 0)):g}", "epochs"))
