@@ -62,7 +62,7 @@
       li.innerHTML = '<span class="swatch"></span>';
       var name = document.createElement("span");
       name.className = "name";
-      name.textContent = s.name + (s.dashed ? " (dashed)" : "");
+      name.textContent = s.name + (s.dashed && s.x.length > 1 ? " (dashed)" : "");
       li.appendChild(name);
       ul.appendChild(li);
     });
