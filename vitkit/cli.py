@@ -485,6 +485,22 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- report ----
+@arguments("report")
+def add_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run", help="a training run directory (what vitkit train writes)")
+    p.add_argument("--out", help="the HTML file to write (default: RUN/report.html)")
+    p.add_argument("--device", default="auto", help="where the model is evaluated and inspected (default: auto)")
+
+
+@command("report", "one self-contained HTML page of a run: result, config, curves, evaluation, inspection")
+def cmd_report(args: argparse.Namespace) -> int:
+    from .report import write_run_report
+
+    print(f"wrote {write_run_report(args.run, args.out, args.device)}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description="Vision Transformers, faithful to the official code.")

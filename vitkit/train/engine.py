@@ -622,6 +622,9 @@ class Trainer:
         if self.dist.is_main and self.cfg.run.plots:
             smoothing = self.cfg.optim.label_smoothing if self.cfg.run.objective == "classification" else 0.0
             plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=smoothing)
+            from ..report import write_run_report  # report/ sits above train/: imported where it is used
+
+            write_run_report(self.run_dir, device=self.device)  # report.html: the run on one page
         return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, count_params(self.model))
 
     def close(self) -> None:

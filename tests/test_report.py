@@ -1,0 +1,325 @@
+"""The run report: one self-contained HTML page, written at the end of `vitkit train` and by `vitkit report`.
+
+A tiny real digits run is trained once; its page is checked as text (nothing fetched, images embedded, the
+numbers agree with the run's own evaluation and with an independent float64 recount), and rendered in headless
+Chromium (drawn without script errors, every chart and image with a size, hover and zoom work, the page's
+policy blocks and reports a request), with screenshots in a wide and a narrow window.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import vitkit
+from vitkit.cli import main as cli_main
+from vitkit.data import DataConfig, build_datasets
+from vitkit.report import Chart, Page, Series
+from vitkit.report.evaluation import confusion_matrix
+from vitkit.report.html import CSP
+from vitkit.train import load_config, train
+
+BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """`vitkit train digits schedule.steps=30` (train records every 5 steps), which writes report.html."""
+    out = tmp_path_factory.mktemp("runs")
+    cfg = load_config(
+        "digits",
+        [
+            "schedule.steps=30",
+            "schedule.epochs=none",
+            "run.log_every=5",
+            f"run.out_dir={out}",
+            "run.progress=false",
+            "run.threads=1",
+        ],
+    )
+    return train(cfg).run_dir
+
+
+@pytest.fixture(scope="module")
+def page(run_dir) -> str:
+    return (run_dir / "report.html").read_text()
+
+
+class Elements(HTMLParser):
+    """Every start tag as (tag, attributes, inside a <details>)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.found: list[tuple[str, dict[str, str], bool]] = []
+        self.details = 0
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        self.found.append((tag, {k: v or "" for k, v in attrs}, self.details > 0))
+        self.details += tag == "details"
+
+    def handle_endtag(self, tag):
+        self.details -= tag == "details"
+
+    def all(self, tag: str) -> list[dict[str, str]]:
+        return [a for t, a, _ in self.found if t == tag]
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# ----------------------------------------------------------------------------------------------- the file
+def test_training_writes_a_page_that_needs_nothing_else(page):
+    elements = Elements(page)
+    metas = elements.all("meta")
+    assert {"http-equiv": "Content-Security-Policy", "content": CSP} in metas
+    assert "default-src 'none'" in CSP and "img-src data:" in CSP
+    for tag, attrs, _ in elements.found:  # nothing points outside the file
+        for key in ("src", "href", "srcset", "action", "data", "poster"):
+            value = attrs.get(key, "")
+            assert not re.match(r"^\s*(https?:|//|file:|ftp:)", value, re.I), f"<{tag} {key}={value[:60]}>"
+            if key == "href" and key in attrs:
+                assert value.startswith("#"), f"<{tag} href={value}>: only links within the page"
+    assert not elements.all("link") and not [s for s in elements.all("script") if "src" in s]
+    assert "url(" not in page.split("<style>", 1)[1].split("</style>", 1)[0]  # no fetched fonts or images in CSS
+    images = elements.all("img")
+    assert len(images) >= 16 + 4  # the worst-classified images and the inspection figures
+    for img in images:
+        assert img["src"].startswith("data:image/png;base64,") and img["alt"].strip()
+        png = Image.open(io.BytesIO(base64.b64decode(img["src"].split(",", 1)[1])))
+        assert png.format == "PNG" and min(png.size) > 0
+    # every section the issue asks for, with its figures
+    for section in ("result", "config", "curves", "evaluation", "inspection", "environment", "commands"):
+        assert f'<section id="{section}">' in page
+    for figure in ("Fig 7 left", "Fig 7 centre", "Fig 7 right / Fig 11", "Fig 6"):
+        assert f"{figure}:" in page  # in an image's alt text
+    charts = {a["data-chart"] for a in elements.all("figure") if "data-chart" in a}
+    assert charts == {"loss", "accuracy", "lr", "throughput"}
+
+
+def test_the_numbers_agree_with_the_run_and_an_independent_recount(run_dir, page):
+    final = [r for r in records(run_dir) if r["kind"] == "eval"][-1]
+    # the confusion matrix: 360 images, its diagonal the run's own final top-1
+    matrix = page.split('class="confusion"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r"<tr><th scope=\"row\">.*?</tr>", matrix)
+    counts = np.array([[int(v) for v in re.findall(r'title="[^"]*">(\d+)</td>', row)] for row in rows])
+    assert counts.shape == (10, 10) and counts.sum() == 360 == final["eval_images"]
+    assert np.trace(counts) / 360 == pytest.approx(final["eval_top1"], abs=1e-9)
+    # the worst-classified images: the 16 lowest true-class probabilities, recomputed here in float64
+    model = vitkit.load_model(run_dir)
+    _, eval_set, _ = build_datasets(DataConfig(source="digits", img_size=16))
+    with torch.no_grad():
+        logits = model.eval()(eval_set.images).double()
+    p_true = logits.softmax(-1).gather(1, eval_set.labels[:, None])[:, 0].numpy()
+    shown = [int(i) for i in re.findall(r"p\(true\) [\d.]+% · #(\d+)", page)]
+    assert len(shown) == 16
+    assert sorted(p_true[shown]) == pytest.approx(sorted(np.sort(p_true)[:16]), abs=1e-6)
+    pred = logits.argmax(-1).numpy()
+    recount = confusion_matrix(eval_set.labels.numpy(), pred, 10)
+    assert (recount == counts).all()
+    # the headline is the run's final evaluation
+    assert f"{100 * final['eval_top1']:.2f}%" in page.split('<section id="config">')[0]
+
+
+def test_confusion_matrix_matches_scikit_learn():
+    metrics = pytest.importorskip("sklearn.metrics")
+    rng = np.random.default_rng(0)
+    y, p = rng.integers(0, 7, 500), rng.integers(0, 7, 500)
+    assert (confusion_matrix(y, p, 7) == metrics.confusion_matrix(y, p, labels=range(7))).all()
+
+
+def test_config_table_highlights_what_the_command_line_changed(page):
+    table = page.split('<section id="config">', 1)[1].split("<details>", 1)[0].replace("<wbr>", "")
+    changed = set(re.findall(r'<tr class="changed"><th scope="row">([\w.]+)</th>', table))
+    # the overrides of the fixture, against the shipped digits.yaml the run is named after
+    assert {"schedule.steps", "schedule.epochs", "run.log_every", "run.out_dir", "run.progress"} <= changed
+    assert "model.width" not in changed and "optim.lr" not in changed
+    listed = set(re.findall(r'<tr(?: class="changed")?><th scope="row">([\w.]+)</th>', table))
+    assert {"model.width", "optim.lr"} <= listed  # they differ from the defaults (registry row, TrainConfig)
+
+
+def test_commands_resume_and_rerun_this_run(run_dir, page):
+    commands = page.split('<section id="commands">', 1)[1]
+    assert f"cd {run_dir.parent.parent}" in commands or f"{run_dir}/config.yaml run.resume=true" in commands
+    assert "run.resume=true" in commands and "vitkit eval" in commands and "picks the newest" not in commands
+
+
+def test_cli_report_and_a_run_without_weights(run_dir, tmp_path, capsys):
+    out = tmp_path / "page.html"
+    assert cli_main(["report", str(run_dir), "--out", str(out)]) == 0
+    assert f"wrote {out}" in capsys.readouterr().out and out.stat().st_size > 10_000
+    bare = tmp_path / "bare"  # a run killed before its first save: config and metrics only
+    bare.mkdir()
+    for name in ("config.yaml", "metrics.jsonl"):
+        shutil.copy(run_dir / name, bare / name)
+    assert cli_main(["report", str(bare)]) == 0
+    text = (bare / "report.html").read_text()
+    assert "No model.safetensors yet" in text and 'data-chart="loss"' in text
+    assert cli_main(["report", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a training run directory" in err
+
+
+def test_a_masked_patch_prediction_run_reports_its_own_score(tmp_path):
+    cfg = load_config(
+        "mpp_digits",
+        ["schedule.steps=6", f"run.out_dir={tmp_path}", "run.progress=false", "run.threads=1", "run.log_every=2"],
+    )
+    result = train(cfg)
+    page = (result.run_dir / "report.html").read_text()
+    final = [r for r in records(result.run_dir) if r["kind"] == "eval"][-1]
+    headline = page.split('<section id="config">')[0]
+    assert f"{100 * final['eval_mpp_acc']:.2f}%" in headline and "masked patch colour accuracy" in headline
+    assert 'class="confusion"' not in page and "no class labels to score" in page
+    assert "Fig 6:" in page and 'data-chart="loss"' in page  # inspection and curves as for any run
+
+
+def test_text_in_the_data_cannot_end_the_script():
+    page = Page("a </script> title")
+    page.add("x", "X", page.chart(Chart("c", "C", [Series("</script><script>alert(1)</script>", [1, 2], [0.5, None])])))
+    text = page.render()
+    assert "</script><script>alert(1)" not in text and "<title>a &lt;/script&gt; title</title>" in text
+    data = text.split('id="report-data">', 1)[1].split("</script>", 1)[0]
+    assert json.loads(data)["c"]["series"][0]["name"] == "</script><script>alert(1)</script>"
+
+
+# ------------------------------------------------------------------------------------------------ browser
+@pytest.fixture(scope="module")
+def browser() -> str:
+    for name in BROWSERS:
+        if found := shutil.which(name):
+            return found
+    pytest.skip("no Chromium or Chrome on this machine (Debian: apt-get install chromium): page not rendered")
+
+
+def headless(browser: str, tmp_path: Path, *args: str) -> str:
+    profile = tmp_path / "profile"
+    done = subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",  # root in a container
+            "--disable-gpu",
+            "--no-first-run",
+            "--hide-scrollbars",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=5000",
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+def test_page_draws_in_a_browser_without_errors(browser, run_dir, tmp_path):
+    dom = headless(browser, tmp_path, "--window-size=1280,900", "--dump-dom", (run_dir / "report.html").as_uri())
+    root = Elements(dom).all("html")[0]
+    errors = dom.split('id="report-errors"', 1)[1].split("</pre>", 1)[0]
+    assert root["data-errors"] == "0" and root["data-status"] == "drawn", errors
+    elements = Elements(dom)
+    charts = [a for a in elements.all("figure") if "data-chart" in a]
+    assert len(charts) == 4
+    for chart in charts:
+        width, height = (int(v) for v in chart["data-box"].split("x"))
+        assert width >= 300 and height >= 200, chart
+        assert int(chart["data-points"]) >= 1
+    loss = next(c for c in charts if c["data-chart"] == "loss")
+    assert int(loss["data-points"]) == 6 + 1  # train loss at steps 5..30, the eval loss at 30
+    for tag, attrs, hidden in elements.found:
+        if tag == "img":
+            assert re.fullmatch(r"[1-9]\d*x[1-9]\d*", attrs["data-natural"]), attrs["alt"]
+            if not hidden:  # inside a closed <details> an image takes no room
+                assert re.fullmatch(r"[1-9]\d*x[1-9]\d*", attrs["data-box"]), attrs["alt"]
+    svgs = re.findall(r"<svg [^>]*>", dom)
+    assert len(svgs) == 4 and all('width="' in s for s in svgs)
+
+
+def test_hover_zoom_and_the_policy_in_a_browser(browser, run_dir, tmp_path):
+    """The page's own handlers, driven by pointer events; and a request the page must not make, blocked."""
+    probe = """<img src="https://example.invalid/tracker.png" alt="">
+<script>
+(function () {
+  var fig = document.querySelector('figure[data-chart="loss"]'), plot = fig.querySelector(".plot");
+  var r = plot.getBoundingClientRect(), y = r.top + r.height / 2;
+  function send(type, x) {
+    plot.dispatchEvent(new PointerEvent(type, {clientX: r.left + x * r.width, clientY: y, button: 0,
+      pointerId: 1, bubbles: true}));
+  }
+  var before = fig.getAttribute("data-view");
+  send("pointermove", 0.98);
+  var tip = fig.getAttribute("data-tooltip");
+  send("pointerdown", 0.4); send("pointermove", 0.8); send("pointerup", 0.8);
+  var zoomed = fig.getAttribute("data-view"), reset = fig.querySelector("button.reset").hidden;
+  plot.dispatchEvent(new MouseEvent("dblclick", {bubbles: true}));
+  document.body.setAttribute("data-probe", JSON.stringify({before: before, tip: tip, zoomed: zoomed,
+    resetHidden: reset, after: fig.getAttribute("data-view")}));
+})();
+</script>"""
+    page = tmp_path / "probe.html"
+    page.write_text((run_dir / "report.html").read_text().replace("</body>", probe + "\n</body>"))
+    dom = headless(browser, tmp_path, "--window-size=1280,900", "--dump-dom", page.as_uri())
+    body = Elements(dom).all("body")[0]
+    result = json.loads(body["data-probe"])
+    assert result["before"] == "5..30" and result["after"] == "5..30"
+    assert result["zoomed"] != "5..30" and result["resetHidden"] is False
+    lo, hi = (float(v) for v in result["zoomed"].split(".."))
+    assert 5 < lo < hi < 30
+    assert result["tip"].startswith("step 30") and "train loss" in result["tip"] and "epoch" in result["tip"]
+    errors = dom.split('id="report-errors"', 1)[1].split("</pre>", 1)[0]
+    assert "blocked by the page's policy: https://example.invalid/tracker.png" in errors
+
+
+def framed(page: Path, width: int, height: int, out: Path) -> Path:
+    """The page inside a frame ``width`` CSS pixels wide (a phone's width: Chromium's headless window is at least
+    500 wide); the frame's figures are copied onto the outer page's <html> once it has drawn."""
+    outer = f"""<!DOCTYPE html><html><head><meta charset="utf-8"></head><body style="margin:0">
+<iframe id="frame" style="border:0;width:{width}px;height:{height}px" srcdoc="{html.escape(page.read_text())}"></iframe>
+<script>
+document.getElementById("frame").addEventListener("load", function () {{
+  var inner = this.contentDocument.documentElement;
+  ["data-status", "data-errors", "data-widths"].forEach(function (k) {{
+    document.documentElement.setAttribute(k, inner.getAttribute(k));
+  }});
+  var boxes = [];
+  inner.querySelectorAll("figure[data-chart]").forEach(function (f) {{ boxes.push(f.getAttribute("data-box")); }});
+  document.documentElement.setAttribute("data-charts", boxes.join(" "));
+}});
+</script></body></html>"""
+    out.write_text(outer)
+    return out
+
+
+@pytest.mark.parametrize("width", [1280, 360])
+def test_screenshots_wide_and_narrow(browser, run_dir, tmp_path, width):
+    """A desktop window and a phone-wide one: the page draws in both and fits without sideways scrolling."""
+    page = framed(run_dir / "report.html", width, 2400, tmp_path / "framed.html")
+    window = f"--window-size={max(width, 500)},2400"
+    shot = tmp_path / f"report_{width}.png"
+    headless(browser, tmp_path, window, f"--screenshot={shot}", page.as_uri())
+    image = Image.open(shot)
+    assert image.size == (max(width, 500), 2400)
+    pixels = np.asarray(image.convert("L"), dtype=np.float64)[:, :width]
+    assert pixels.std() > 10  # text and figures, not a blank window
+    root = Elements(headless(browser, tmp_path, window, "--dump-dom", page.as_uri())).all("html")[0]
+    assert root["data-status"] == "drawn" and root["data-errors"] == "0"
+    viewport, page_width = (int(v) for v in root["data-widths"].split())
+    assert viewport == width and page_width == viewport
+    widths = [int(box.split("x")[0]) for box in root["data-charts"].split()]
+    assert len(widths) == 4  # two side by side in a wide window, one to a row in a narrow one
+    assert all(min(300, 0.8 * viewport) < w <= viewport for w in widths), widths

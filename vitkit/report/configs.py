@@ -1,0 +1,134 @@
+"""A training config as rows of ``section.key = value``, and what in it differs from the defaults and from the
+shipped config it was made from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UserError
+from ..models.registry import MODELS, model_config
+from ..train.config import TrainConfig, load_config, shipped_configs
+from .html import Html, Row, esc, join, table, tag
+
+
+def flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested sections -> ``{"optim.lr": 0.001, ...}``."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            out.update(flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def default_values(cfg: TrainConfig) -> dict[str, Any]:
+    """What each key of cfg would be had nothing set it: vitkit.train.config's defaults, and for the model's
+    fields the registry row's values (what ``model.name`` alone builds)."""
+    values = flat(TrainConfig().to_dict())
+    name = cfg.model.name
+    if name is not None and name in MODELS:
+        row = model_config(name)
+        for key in cfg.model.fields:
+            values[f"model.{key}"] = _plain(getattr(row, key, None))
+    return values
+
+
+def _plain(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def shipped_for(cfg: TrainConfig) -> str | None:
+    """The shipped config a run was made from, when its name says so (``vitkit train digits`` runs are named
+    digits); None otherwise."""
+    name = cfg.run.name
+    return name if name is not None and name in shipped_configs() else None
+
+
+@dataclass
+class ConfigDiff:
+    """A config's values with the defaults and (when known) the shipped config's values beside them."""
+
+    values: dict[str, Any]
+    defaults: dict[str, Any]
+    shipped_name: str | None
+    shipped: dict[str, Any]
+
+    def differs_from_default(self, key: str) -> bool:
+        return self.values.get(key) != self.defaults.get(key)
+
+    def differs_from_shipped(self, key: str) -> bool:
+        return self.shipped_name is not None and self.values.get(key) != self.shipped.get(key)
+
+    def changed(self) -> list[str]:
+        return [k for k in self.values if self.differs_from_default(k) or self.differs_from_shipped(k)]
+
+
+def config_diff(cfg: TrainConfig) -> ConfigDiff:
+    shipped_name, shipped = shipped_for(cfg), {}
+    if shipped_name is not None:
+        try:
+            shipped = flat(load_config(shipped_name).to_dict())
+        except UserError:  # a recipe with keys the user must give (a data root): no values to compare with
+            shipped_name = None
+    return ConfigDiff(flat(cfg.to_dict()), default_values(cfg), shipped_name, shipped)
+
+
+def breakable(key: str) -> Html:
+    """A dotted key that a narrow window may wrap after its dots (and nowhere else)."""
+    return Html(esc(key).replace(".", ".<wbr>"))
+
+
+def show_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"  # as config.yaml and the command line write it
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def config_section(cfg: TrainConfig) -> Html:
+    """What the run changed (a table of the keys that differ), then every resolved key in a closed <details>."""
+    diff = config_diff(cfg)
+    header = ["key", "this run", "default"] + ([f"{diff.shipped_name}.yaml"] if diff.shipped_name else [])
+    rows = []
+    for key in diff.changed():
+        cells: list[object] = [
+            breakable(key),
+            show_value(diff.values[key]),
+            show_value(diff.defaults.get(key, "(unset)")),
+        ]
+        if diff.shipped_name:
+            mark = tag("mark", "changed", cls="badge shipped") if diff.differs_from_shipped(key) else ""
+            cells.append(join([show_value(diff.shipped.get(key, "(unset)")), " ", mark]))
+        rows.append(Row(cells, "changed" if diff.differs_from_shipped(key) else None))
+    if diff.shipped_name:
+        intro = (
+            f"Keys that differ from vitkit's defaults (vitkit.train.config) or from the shipped config "
+            f"{diff.shipped_name}.yaml, whose name the run carries; highlighted: what differs from "
+            f"{diff.shipped_name}.yaml (the command line's overrides)."
+        )
+    else:
+        intro = "Keys that differ from vitkit's defaults (vitkit.train.config); the model's fields are compared "
+        intro += "with the registry row model.name names."
+    full = table(
+        ["key", "value", ""],
+        [
+            Row(
+                [breakable(k), show_value(v), tag("mark", "changed", cls="badge") if k in set(diff.changed()) else ""],
+                "changed" if diff.differs_from_shipped(k) else None,
+            )
+            for k, v in diff.values.items()
+        ],
+        caption="config.yaml, every key",
+    )
+    return join(
+        [
+            tag("p", intro, cls="note"),
+            table(header, rows, caption="What this run set") if rows else tag("p", "Every key has its default."),
+            tag("details", join([tag("summary", f"The whole resolved config ({len(diff.values)} keys)"), full])),
+        ]
+    )

@@ -1,0 +1,308 @@
+"""The page of one training run: ``write_run_report(run_dir)`` writes run_dir/report.html.
+
+Sections: the headline result; the config (what differs from the defaults and from the shipped config);
+the training curves of metrics.jsonl; the evaluation (confusion matrix, the worst-classified held-out images),
+recomputed from the run's model and held-out data; the inspection figures (vitkit.inspect); few-shot results
+when fewshot.json is there; the environment; and the commands that resume, rerun or re-score the run.
+"""
+
+from __future__ import annotations
+
+import shlex
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ..data import DatasetInfo, build_datasets
+from ..errors import UserError, UserFileNotFoundError
+from ..inspect.report import describe, images_from_dataset, write_inspection
+from ..io import atomic_write_text
+from ..models import VisionTransformer, count_params
+from ..predict import Preprocessing, load_for_inference
+from ..train.config import TrainConfig, load_config
+from ..train.distributed import pick_device
+from ..train.engine import choose_run_dir
+from ..train.metrics import METRICS_NAME, MetricsLog
+from ..train.run_eval import checkpoint_data
+from ..train.state import STATE_NAME, read_train_state
+from .configs import config_section, show_value
+from .curves import evaluations_table, training_charts
+from .environment import environment
+from .evaluation import MAX_EVAL_IMAGES, confusion_section, predict_held_out, worst_section
+from .html import Html, Page, Row, code_block, definitions, fmt, image, join, percent, table, tag
+
+REPORT_NAME = "report.html"
+WEIGHTS_NAME = "model.safetensors"
+ROLLOUT_IMAGES = 4  # held-out images shown with their attention rollout
+DISTANCE_IMAGES = 128  # held-out images the mean attention distance is averaged over (the paper's count)
+
+
+@dataclass
+class LoadedRun:
+    """A run's model (on the report's device), its preprocessing and metadata, and its data."""
+
+    model: nn.Module
+    prep: Preprocessing
+    metadata: dict[str, Any]
+    train_set: Dataset[Any]
+    eval_set: Dataset[Any]
+    info: DatasetInfo
+
+
+def write_run_report(run_dir: str | Path, out: str | Path | None = None, device: str | torch.device = "auto") -> Path:
+    """Write the run's page (default run_dir/report.html); returns its path."""
+    path = Path(out) if out is not None else Path(run_dir) / REPORT_NAME
+    atomic_write_text(path, run_report(run_dir, device))
+    return path
+
+
+def run_report(run_dir: str | Path, device: str | torch.device = "auto") -> str:
+    """The HTML of a run's page."""
+    run = Path(run_dir)
+    if not (run / "config.yaml").is_file():
+        what = "no such directory" if not run.is_dir() else "no config.yaml in it"
+        raise UserFileNotFoundError(
+            f"{run}: not a training run directory ({what}); give the directory vitkit train wrote"
+        )
+    cfg = load_config(run / "config.yaml")
+    records = MetricsLog(run).records()
+    dev = device if isinstance(device, torch.device) else pick_device(device)
+    loaded = _load(run, dev) if (run / WEIGHTS_NAME).is_file() else None
+
+    page = Page(f"vitkit run {run.name}", subtitle=str(run.resolve()))
+    page.add("result", "Result", headline(run, cfg, records, loaded))
+    page.add("config", "Config", config_section(cfg))
+    charts = training_charts(records, cfg.optim.label_smoothing if cfg.run.objective == "classification" else 0.0)
+    help_text = "Hover for values; drag across a plot (or Ctrl + wheel, or pinch) to zoom into steps; double-click "
+    help_text += "to see the whole run."
+    page.add(
+        "curves",
+        "Training curves",
+        tag("p", help_text, cls="chart-help") if charts else tag("p", f"No {METRICS_NAME} records.", cls="note"),
+        tag("div", join(page.chart(c) for c in charts), cls="charts"),
+        evaluations_table(records),
+    )
+    page.add("evaluation", "Evaluation", evaluation(cfg, loaded, dev))
+    page.add("inspection", "Inspection", inspection(loaded))
+    if (run / "fewshot.json").is_file():
+        page.add("fewshot", "Few-shot", fewshot_section(run / "fewshot.json"))
+    env = definitions(environment(dev))
+    settings = definitions(
+        [(f"run.{k}", show_value(getattr(cfg.run, k))) for k in ("device", "threads", "amp", "compile")]
+        + [("data.num_workers", str(cfg.data.num_workers))]
+    )
+    page.add(
+        "environment",
+        "Environment",
+        tag("p", "The process that wrote this page:", cls="note"),
+        env,
+        tag("p", "The run's own settings (config.yaml):", cls="note"),
+        settings,
+    )
+    page.add("commands", "Resume or rerun", commands(run, cfg))
+    return page.render()
+
+
+def _load(run: Path, device: torch.device) -> LoadedRun:
+    model, prep, metadata = load_for_inference(run)
+    train_set, eval_set, info = build_datasets(checkpoint_data(run, metadata, prep))
+    return LoadedRun(model.to(device), prep, metadata, train_set, eval_set, info)
+
+
+# ---------------------------------------------------------------------------------------------- headline
+def _card(value: str, label: str) -> Html:
+    return tag("div", join([tag("span", value, cls="value"), tag("span", label, cls="label")]), cls="card")
+
+
+def headline(run: Path, cfg: TrainConfig, records: list[dict[str, Any]], loaded: LoadedRun | None) -> Html:
+    evals = [r for r in records if r.get("kind") == "eval"]
+    train = [r for r in records if r.get("kind") == "train"]
+    final: dict[str, Any] = evals[-1] if evals else (loaded.metadata.get("metrics", {}) if loaded else {})
+    cards = []
+    if "eval_top1" in final:
+        cards += [_card(percent(final["eval_top1"]), "held-out top-1"), _card(percent(final["eval_top5"]), "top-5")]
+        cards.append(_card(f"{final['eval_loss']:.4f}", "held-out cross-entropy"))
+    if "eval_mpp_acc" in final:
+        cards += [_card(percent(final["eval_mpp_acc"]), "masked patch colour accuracy")]
+        cards.append(_card(f"{final['eval_mpp_loss']:.4f}", "masked patch prediction loss"))
+    if "eval_images" in final:
+        cards.append(_card(fmt(int(final["eval_images"])), "held-out images"))
+
+    step = int(train[-1]["step"]) if train else int(final.get("step", 0))
+    total = None
+    if (run / STATE_NAME).is_file():
+        state = read_train_state(run / STATE_NAME)[0]
+        total, step = state.get("total_steps"), max(step, int(state.get("step", step)))
+    cards.append(_card(f"{fmt(step)}" + (f" / {fmt(int(total))}" if total else ""), "steps"))
+    if train:
+        cards.append(_card(f"{float(train[-1].get('epoch', 0)):g}", "epochs"))
+        cards.append(_card(f"{float(train[-1].get('time', 0)):.1f} s", "training wall time"))
+        speeds = [float(r["images_per_s"]) for r in train if "images_per_s" in r]
+        if speeds:
+            cards.append(_card(f"{statistics.median(speeds):,.0f}", "median train images/s"))
+    facts: list[tuple[object, object]] = []
+    if loaded is not None:
+        cards.append(_card(fmt(count_params(loaded.model)), "parameters"))
+        model = loaded.model
+        facts.append(("model", f"{cfg.model.name or 'from run.init_from'}: " + _describe(model)))
+        sizes = f"{len(loaded.train_set):,} train / {len(loaded.eval_set):,} held-out images"  # type: ignore[arg-type]
+        facts.append(("data", f"{loaded.info.source}, {loaded.info.num_classes} classes, {sizes}"))
+    else:
+        facts.append(("model", f"no {WEIGHTS_NAME} in the run yet: nothing to evaluate or inspect"))
+    if total and step < int(total):
+        facts.append(("status", f"stopped at step {step} of {int(total)}: see Resume or rerun below"))
+    elif evals:
+        facts.append(("status", f"finished: {step} steps, final evaluation at step {evals[-1].get('step')}"))
+    if cfg.run.init_from:
+        facts.append(("initialised from", cfg.run.init_from))
+    facts.append(("objective", cfg.run.objective))
+    return join([tag("div", join(cards), cls="cards"), definitions(facts)])
+
+
+def _describe(model: nn.Module) -> str:
+    if isinstance(model, VisionTransformer):
+        return describe(model)
+    return type(model).__name__
+
+
+# -------------------------------------------------------------------------------------------- evaluation
+def evaluation(cfg: TrainConfig, loaded: LoadedRun | None, device: torch.device) -> Html:
+    if loaded is None:
+        return tag("p", f"No {WEIGHTS_NAME} yet.", cls="note")
+    if cfg.run.objective != "classification":
+        return tag("p", "A masked patch prediction run has no class labels to score; see the headline.", cls="note")
+    k = loaded.info.num_classes
+    pred = predict_held_out(loaded.model, loaded.eval_set, k, device, max(1, min(cfg.run.eval_batch_size, 512)))
+    names = list(loaded.prep.class_names or loaded.info.class_names)
+    scored = f"all {pred.total:,}" if len(pred.labels) == pred.total else f"{len(pred.labels):,} (seeded sample) of"
+    intro = (
+        f"The run's model (model.safetensors) on {scored} held-out images, in fp32 on {device}: top-1 "
+        f"{percent(pred.accuracy)}."
+    )
+    if len(pred.labels) < pred.total:
+        intro += f" More than {MAX_EVAL_IMAGES:,} images: the numbers here are those of a random sample."
+    return join(
+        [
+            tag("p", intro, cls="note"),
+            confusion_section(pred, names),
+            tag("h3", "Worst-classified held-out images"),
+            worst_section(pred, loaded.eval_set, loaded.prep, names),
+        ]
+    )
+
+
+# -------------------------------------------------------------------------------------------- inspection
+def inspection(loaded: LoadedRun | None) -> Html:
+    """The figures of vitkit.inspect for the run's model and a few of its held-out images, embedded."""
+    if loaded is None:
+        return tag("p", f"No {WEIGHTS_NAME} yet.", cls="note")
+    if not isinstance(loaded.model, VisionTransformer):
+        return tag("p", f"{type(loaded.model).__name__}: attention inspection needs a ViT.", cls="note")
+    names = list(loaded.prep.class_names or loaded.info.class_names)
+    sample = images_from_dataset(loaded.eval_set, loaded.prep, DISTANCE_IMAGES, names)
+    shown = sample[:ROLLOUT_IMAGES]
+    with tempfile.TemporaryDirectory(prefix="vitkit-report-") as tmp:
+        index = write_inspection(loaded.model, tmp, shown, names, torch.stack([im.input for im in sample]))
+        figures: list[Html] = []
+        maps: list[Html] = []
+        for entry in index["written"]:
+            png = (Path(tmp) / entry["file"]).read_bytes()
+            alt = f"{entry['figure']}: {entry['description']}"
+            fig = image(png, alt, f"{entry['description']} ({entry['figure']} of the paper)")
+            (maps if entry["figure"] in ("attention maps", "MAP head attention") else figures).append(fig)
+    parts = [
+        tag(
+            "p",
+            f"{index['model']}; {len(shown)} held-out images, {len(sample)} for the attention distance.",
+            cls="note",
+        ),
+        tag("div", join(figures), cls="figures"),
+    ]
+    if maps:
+        summary = tag("summary", f"Per-layer, per-head attention maps ({len(maps)} figures)")
+        parts.append(tag("details", join([summary, tag("div", join(maps), cls="figures")])))
+    parts += [tag("p", f"Not drawn: {s['figure']}: {s['reason']}", cls="note") for s in index["skipped"]]
+    return join(parts)
+
+
+# ---------------------------------------------------------------------------------------------- few-shot
+def fewshot_section(path: Path) -> Html:
+    import json
+
+    try:
+        doc = json.loads(path.read_text())
+        results = doc["results"]
+    except (json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: not a vitkit fewshot result ({e})") from None
+    rows = [
+        Row([shots, percent(r["mean"]), percent(r["std"]), ", ".join(percent(v, 1) for v in r.get("per_seed", []))])
+        for shots, r in results.items()
+    ]
+    data = doc.get("data", {})
+    note = (
+        f"Closed-form ridge regression on frozen features (l2={fmt(doc.get('l2'))}, {len(doc.get('seeds', []))} "
+        f"seeds, {doc.get('num_classes')} classes, {doc.get('num_test')} test images, {doc.get('feature_dim')}-d "
+        f"features; data {data.get('source', '?') if isinstance(data, dict) else data})."
+    )
+    return join(
+        [
+            tag("p", note, cls="note"),
+            table(["shots per class", "accuracy", "std", "per seed"], rows, caption=f"{path.name}"),
+        ]
+    )
+
+
+# ---------------------------------------------------------------------------------------------- commands
+def _start_dir(run: Path, out_dir: str) -> Path | None:
+    """The directory the run was started from: where run.out_dir (when relative) leads to the run's parent."""
+    out = Path(out_dir)
+    if out.is_absolute():
+        return None
+    parent = run.resolve().parent
+    parts = [p for p in out.parts if p != "."]
+    if ".." in parts or tuple(parent.parts[len(parent.parts) - len(parts) :]) != tuple(parts):
+        return None
+    return Path(*parent.parts[: len(parent.parts) - len(parts)]) if parts else parent
+
+
+def commands(run: Path, cfg: TrainConfig) -> Html:
+    """The exact commands that resume, rerun and re-score this run."""
+    start = _start_dir(run, cfg.run.out_dir)
+    config = run.resolve() / "config.yaml"
+    prefix = ""
+    if start is not None:
+        config = config.relative_to(start)
+        prefix = f"cd {shlex.quote(str(start))}\n"
+    q_run, q_cfg = shlex.quote(str(config.parent)), shlex.quote(str(config))
+    parts: list[object] = []
+    if (run / STATE_NAME).is_file():
+        name = cfg.run.name or run.name
+        picked = choose_run_dir((start or Path("/")) / cfg.run.out_dir, name, resume=True)
+        parts.append(tag("h3", "Resume"))
+        parts.append(code_block(f"{prefix}vitkit train {q_cfg} run.resume=true", "resume"))
+        note = "Continues from train_state.safetensors to the end of the schedule (a finished run has nothing left; "
+        note += "a larger schedule.steps or schedule.epochs continues it, its learning-rate schedule stretched)."
+        if picked.resolve() != run.resolve():
+            note += f" Note: run.resume picks the newest run named {name} with a state, which is now {picked}, "
+            note += "not this one."
+        parts.append(tag("p", note, cls="note"))
+    else:
+        parts.append(tag("p", f"No {STATE_NAME}: this run cannot be resumed.", cls="note"))
+    parts += [
+        tag("h3", "Rerun from scratch"),
+        code_block(f"{prefix}vitkit train {q_cfg}", "rerun"),
+        tag("p", "Same config and seed: the same weights, in a new directory beside this one.", cls="note"),
+        tag("h3", "Score, inspect, report"),
+        code_block(
+            f"{prefix}vitkit eval {q_run}\nvitkit fewshot {q_run}\nvitkit inspect {q_run} --out "
+            f"{shlex.quote(str(config.parent / 'inspect'))}\nvitkit report {q_run}",
+            "re-score",
+        ),
+    ]
+    return join(parts)
