@@ -9,8 +9,6 @@ from datetime import datetime, timezone
 
 import torch
 
-from .. import __version__
-
 
 def environment(device: torch.device) -> list[tuple[str, str]]:
     """(what, value) pairs of this process: versions, the device it computes on, threads, time."""
@@ -22,7 +20,7 @@ def environment(device: torch.device) -> list[tuple[str, str]]:
     else:
         name = f"{device} ({platform.processor() or platform.machine()})"
     return [
-        ("vitkit", __version__),
+        ("vitkit", _vitkit_version()),
         ("python", sys.version.split()[0]),
         ("torch", torch.__version__),
         ("numpy", numpy.__version__),
@@ -32,3 +30,12 @@ def environment(device: torch.device) -> list[tuple[str, str]]:
         ("torch threads", f"{torch.get_num_threads()} (of {os.cpu_count()} CPUs)"),
         ("written", datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")),
     ]
+
+
+def _vitkit_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vitkit")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown"

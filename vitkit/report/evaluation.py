@@ -134,7 +134,7 @@ def worst_section(
         )
         png = png_of_array(prep.to_display(x).numpy())
         alt = f"held-out image {int(pred.indices[r])}: true class {truth}, {said}"
-        items.append(image(png, alt, caption, cls="thumb", pixelated=max(prep.img_size, 1) <= 64))
+        items.append(image(png, alt, caption, cls="thumb", pixelated=max(prep.size) <= 64))
     intro = (
         f"{wrong} of {len(pred.labels)} scored images are misclassified. The {len(order)} below gave their true "
         "class the least probability, lowest first."
