@@ -61,6 +61,9 @@ def test_pretrained_true_loads_the_default_weights(s16_default):
             assert model.preprocessing == PRETRAINED["vit_s16.augreg_in21k_ft_in1k"].preprocessing()
         plain = vitkit.create_model("vit_s16", pretrained=False, **SMALL).eval()
         assert not torch.allclose(plain(x), want) and not hasattr(plain, "preprocessing")
+    at_224 = vitkit.create_model("vit_small_patch16_224", pretrained="augreg_in21k_ft_in1k")  # the alias's size
+    assert at_224.config.img_size == (224, 224) and at_224.preprocessing.img_size == 224
+    torch.testing.assert_close(at_224.head.weight, s16_default.head.weight)
     fresh = vitkit.create_model("vit_s16", pretrained=True, num_classes=10)  # another head: its names do not apply
     assert fresh.config.num_classes == 10 and fresh.preprocessing.class_names is None
     with pytest.raises(UserError, match="vit_s16_gap has no released weights"):

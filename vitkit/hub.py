@@ -54,11 +54,18 @@ __all__ = [
 PREPROCESSING_ATTR = "preprocessing"  # where a loaded model keeps its weights' record (timm: pretrained_cfg)
 
 
-def _is_name(text: str) -> bool:
-    """Whether a string that is no existing path reads as a model name rather than a file: a registered model, a
-    tag, an alias, or a word with neither a folder nor a file suffix (a misspelt name)."""
+def _is_known_name(text: str) -> bool:
+    """Whether a string is a name vitkit resolves (or explains): a registered or renamed model, a tag, or a timm /
+    Hugging Face name."""
     arch = text.partition(".")[0]
-    if text in registry.MODELS or released.is_tag(text) or text in HF_NAMES or arch in TIMM_ARCHS:
+    known = (*registry.MODELS, *registry.RENAMED, *HF_NAMES, *TIMM_ARCHS)
+    return text in known or arch in known or arch.lower() in registry.KNOWN_AS or released.is_tag(text)
+
+
+def _reads_as_name(text: str) -> bool:
+    """Whether an unknown string that is no existing path reads as a (misspelt) model name rather than a file: a
+    Hub organisation's name, or a word with neither a folder nor a file suffix."""
+    if text.startswith(("google/", "timm/")):
         return True
     return "/" not in text and os.sep not in text and not Path(text).suffix
 
@@ -67,29 +74,24 @@ def _row_for(name_or_path: str | Path, model: str | None = None) -> released.Pre
     """The pretrained row a string names, or None when it is a path.
 
     An existing path is a path. A tag ``<model>.<weights>``, a timm or Hugging Face name of weights, or a bare
-    model name (its default weights) gives its row; given ``model``, a bare weights name of it does too. A string
-    that reads as a name but names nothing is a UserFileNotFoundError (it is not a file either) with the closest
-    names; anything else is left to the checkpoint readers as a path.
+    model name (its default weights) gives its row; given ``model``, a bare weights name of it does too. An
+    unknown string that reads as a name is a UserFileNotFoundError (it is no file either) with the closest names;
+    anything else is left to the checkpoint readers as a path.
     """
     if not isinstance(name_or_path, str) or Path(name_or_path).exists():
         return None
     if model is not None and released.is_tag(f"{model}.{name_or_path}"):
         return released.get_pretrained(f"{model}.{name_or_path}")
-    if not _is_name(name_or_path):
-        return None
-    try:
+    if _is_known_name(name_or_path):
         resolved = resolve_name(name_or_path, pretrained=True)
-    except UserError as e:
-        if released.is_tag(name_or_path) or "." in name_or_path or name_or_path.partition(".")[0] in TIMM_ARCHS:
-            raise
-        hint = suggest(name_or_path)
-        close = f"; did you mean {', '.join(hint)}?" if hint else ""
-        if name_or_path in registry.MODELS:  # a model without released weights
-            raise
-        raise UserFileNotFoundError(f"{name_or_path!r} is neither a file nor a model name{close}") from e
-    tag = resolved.tag or resolved.default_tag
-    assert tag is not None, f"{name_or_path}: resolve_name(pretrained=True) gave no weights"
-    return released.get_pretrained(tag)
+        tag = resolved.tag or resolved.default_tag
+        assert tag is not None, f"{name_or_path}: resolve_name(pretrained=True) gave no weights"
+        return released.get_pretrained(tag)
+    if not _reads_as_name(name_or_path):
+        return None
+    close = suggest(name_or_path)
+    hint = f"did you mean {', '.join(close)}?" if close else "see vitkit.list_models() and vitkit.list_pretrained()"
+    raise UserFileNotFoundError(f"{name_or_path!r} is neither a file nor a model name; {hint}")
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> str | Path | Checkpoint:
@@ -115,7 +117,7 @@ def create_model(name: str, pretrained: bool | str | Path | None = False, **over
 
     Returns:
         The model (in training mode). With weights, it is first built the way they need (class count,
-        pre-logits layer, resolution), then changed by the overrides; position embeddings are resampled to
+        pre-logits layer, resolution; a timm architecture's resolution over theirs), then changed by the overrides; position embeddings are resampled to
         the model's resolution and, for another class count, the head is fresh; any other difference is an
         error listing the keys. A model with weights carries their preprocessing record as
         ``model.preprocessing`` (see ``preprocess``).
@@ -128,7 +130,6 @@ def create_model(name: str, pretrained: bool | str | Path | None = False, **over
         >>> model = vitkit.create_model("vit_s16", pretrained=True)  # doctest: +SKIP
         >>> batch = vitkit.preprocess(model, ["cat.jpg"])  # doctest: +SKIP
     """
-    named_weights = isinstance(pretrained, (str, Path))
     resolved = resolve_name(name, pretrained=pretrained is True)
     weights: str | Path | None = None
     if isinstance(pretrained, (str, Path)):
@@ -145,7 +146,7 @@ def create_model(name: str, pretrained: bool | str | Path | None = False, **over
         row = None if tag is None else released.get_pretrained(tag)
         weights = tag if pretrained else None
     built = dict(row.config) if row is not None else {}
-    if row is None and resolved.img_size is not None and not named_weights:
+    if resolved.img_size is not None and resolved.tag is None:  # an alias of an architecture: its resolution
         built["img_size"] = resolved.img_size
     model = registry.create_model(resolved.model, **{**built, **overrides})
     if weights is not None:
