@@ -117,10 +117,10 @@ def create_model(name: str, pretrained: bool | str | Path | None = False, **over
 
     Returns:
         The model (in training mode). With weights, it is first built the way they need (class count,
-        pre-logits layer, resolution; a timm architecture's resolution over theirs), then changed by the overrides; position embeddings are resampled to
-        the model's resolution and, for another class count, the head is fresh; any other difference is an
-        error listing the keys. A model with weights carries their preprocessing record as
-        ``model.preprocessing`` (see ``preprocess``).
+        pre-logits layer, resolution; a timm architecture's resolution over theirs), then changed by the
+        overrides; position embeddings are resampled to the model's resolution and, for another class count,
+        the head is fresh; any other difference is an error listing the keys. A model with weights carries
+        their preprocessing record as ``model.preprocessing`` (see ``preprocess``).
 
     Raises:
         UserError: an unknown name (with the closest names), weights of another model, or weights the table
