@@ -186,7 +186,7 @@ def _timm_default(arch: str) -> str | None:
 def _no_row(timm_tag: str, model: str) -> UserError:
     target = TIMM_WEIGHTS[timm_tag]
     what = f" (the file {target.rsplit('/', 1)[-1]})" if target else ""
-    rows = [t for t in PRETRAINED if t.partition(".")[0] == model]
+    rows = _rows_of(model)
     have = f"vitkit's weights of {model}: {', '.join(rows)}" if rows else f"vitkit has no weights of {model}"
     return UserError(f"timm's {timm_tag}{what} is not in vitkit's weights table; {have}")
 
@@ -206,7 +206,7 @@ def resolve_name(name: str, pretrained: bool = False) -> Resolved:
     if name in HF_NAMES:
         model, res, tag = HF_NAMES[name]
         return Resolved(model, res, tag, foreign=name)
-    arch, dot, weights = name.partition(".")
+    arch, dot, _ = name.partition(".")
     if arch in TIMM_ARCHS:
         target = TIMM_ARCHS[arch]
         if target is None:
@@ -219,7 +219,8 @@ def resolve_name(name: str, pretrained: bool = False) -> Resolved:
             raise UserError(f"timm lists no weights of {arch}; vitkit's: {', '.join(_rows_of(model)) or 'none'}")
         if timm_tag not in TIMM_WEIGHTS:
             known = [t for t in TIMM_WEIGHTS if t.partition(".")[0] == arch]
-            raise UserError(f"unknown timm weights {name!r}; {arch} has {', '.join(known) or 'none in vitkit'}")
+            close = closest_names(name, known) or known
+            raise UserError(f"unknown timm weights {name!r}; did you mean {', '.join(close)}?")
         found = _tag_of(timm_tag)
         if found is None and pretrained:
             raise _no_row(timm_tag, model)
