@@ -182,7 +182,7 @@ FLOORS = {
         ("errors", "io", "device", "pixels", "preprocessing", "config_of", "models", "evaluate", "deploy", "export"), 1
     ),
     "fast": 1,
-    **dict.fromkeys(("checkpoint", "pretrained", "data"), 2),
+    **dict.fromkeys(("checkpoint", "pretrained", "aliases", "data"), 2),
     **dict.fromkeys(("hub", "predict", "bench"), 3),
     **dict.fromkeys(("train", "inspect", "report", "sweep"), 4),
     **dict.fromkeys(("cli", "__main__", "__init__"), 5),  # the package's own __init__: lazy public names

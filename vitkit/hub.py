@@ -1,68 +1,171 @@
-"""Models by name, with weights: ``create_model("vit_b16", pretrained="augreg_in21k_ft_in1k")``,
-``load_model("vit_b16.orig_in21k")`` or ``load_model("runs/digits")``.
+"""Models by name, with weights, the way timm and Hugging Face users expect them.
+
+``create_model("vit_b16", pretrained=True)`` builds ViT-B/16 with its default weights;
+``load_model("vit_b16.augreg_in21k")`` builds and loads released weights from their tag alone;
+``load_model("runs/digits")`` reads a checkpoint in any supported format; ``preprocess(model, images)`` turns
+image files or PIL images into the batch the weights expect.
+
+Names: a registered model (``vit_b16``, see ``list_models``), a tag ``<model>.<weights>`` (see
+``list_pretrained``), or a timm or Hugging Face name of the same thing (``vit_base_patch16_384``,
+``vit_small_patch16_384.augreg_in21k_ft_in1k``, ``google/vit-base-patch16-224``; vitkit.aliases). An alias gives
+the architecture at the alias's resolution and, with weights, the vitkit row holding the same released file; a
+name of weights vitkit has no row for is an error, never another file.
 
 The model table (vitkit.models) builds models with random weights and knows nothing of files; this module
 joins it to the checkpoint readers (vitkit.checkpoint) and to the table of released weights
 (vitkit.pretrained), one floor up. A pretrained tag is downloaded on first use (network access needed once),
-then read from the cache.
+then read from the cache. A model this module loads carries its weights' preprocessing record
+(vitkit.preprocessing.Preprocessing) as ``model.preprocessing``, as timm's models carry ``pretrained_cfg``.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, overload
 
+import torch
+from PIL import Image
 from torch import nn
 
 from . import pretrained as released
+from .aliases import HF_NAMES, TIMM_ARCHS, resolve_name, suggest
 from .checkpoint import loader
 from .checkpoint.loader import Checkpoint, LoadReport
 from .config_of import config_of
-from .errors import UserError
+from .data import IMAGE_EXTENSIONS, load_image
+from .errors import UserError, UserFileNotFoundError
 from .models import registry
+from .predict import image_transform, preprocessing_for
+from .preprocessing import Preprocessing
 
-__all__ = ["create_model", "load_model", "load_pretrained", "read_checkpoint", "resolve_checkpoint"]
+__all__ = [
+    "create_model",
+    "load_model",
+    "load_pretrained",
+    "preprocess",
+    "preprocessing_of",
+    "read_checkpoint",
+    "resolve_checkpoint",
+]
+
+PREPROCESSING_ATTR = "preprocessing"  # where a loaded model keeps its weights' record (timm: pretrained_cfg)
+
+
+def _is_known_name(text: str) -> bool:
+    """Whether a string is a name vitkit resolves (or explains): a registered or renamed model, a tag, or a timm /
+    Hugging Face name."""
+    arch = text.partition(".")[0]
+    known = (*registry.MODELS, *registry.RENAMED, *HF_NAMES, *TIMM_ARCHS)
+    return text in known or arch in known or arch.lower() in registry.KNOWN_AS or released.is_tag(text)
+
+
+def _reads_as_name(text: str) -> bool:
+    """Whether an unknown string that is no existing path reads as a (misspelt) model name rather than a file: a
+    Hub organisation's name, or a word with neither a folder nor a file suffix."""
+    if text.startswith(("google/", "timm/")):
+        return True
+    return "/" not in text and os.sep not in text and not Path(text).suffix
 
 
 def _row_for(name_or_path: str | Path, model: str | None = None) -> released.PretrainedRow | None:
     """The pretrained row a string names, or None when it is a path.
 
-    An existing path is a path. Otherwise a tag ``<model>.<weights>`` of a registered model is a tag (an
-    unknown one is an error naming the known ones); given ``model``, a bare weights name of it is too.
+    An existing path is a path. A tag ``<model>.<weights>``, a timm or Hugging Face name of weights, or a bare
+    model name (its default weights) gives its row; given ``model``, a bare weights name of it does too. An
+    unknown string that reads as a name is a UserFileNotFoundError (it is no file either) with the closest names;
+    anything else is left to the checkpoint readers as a path.
     """
     if not isinstance(name_or_path, str) or Path(name_or_path).exists():
         return None
-    if released.is_tag(name_or_path):
-        return released.get_pretrained(name_or_path)
     if model is not None and released.is_tag(f"{model}.{name_or_path}"):
         return released.get_pretrained(f"{model}.{name_or_path}")
-    return None
+    if _is_known_name(name_or_path):
+        resolved = resolve_name(name_or_path, pretrained=True)
+        tag = resolved.tag or resolved.default_tag
+        assert tag is not None, f"{name_or_path}: resolve_name(pretrained=True) gave no weights"
+        return released.get_pretrained(tag)
+    if not _reads_as_name(name_or_path):
+        return None
+    close = suggest(name_or_path)
+    hint = f"did you mean {', '.join(close)}?" if close else "see vitkit.list_models() and vitkit.list_pretrained()"
+    raise UserFileNotFoundError(f"{name_or_path!r} is neither a file nor a model name; {hint}")
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> str | Path | Checkpoint:
     """What a command that takes a checkpoint reads: a path as it is (read later, with the command's overrides),
-    a pretrained tag as its file read with its row's settings (downloaded on first use)."""
+    a pretrained tag or alias as its file read with its row's settings (downloaded on first use)."""
     row = _row_for(name_or_path)
     return name_or_path if row is None else _read_row(row)
 
 
-def create_model(name: str, pretrained: str | Path | None = None, **overrides: Any) -> nn.Module:
-    """A registered model, optionally with overrides (``num_classes=10``, ``img_size=384``, ``dropout=0.1``).
+def create_model(name: str, pretrained: bool | str | Path | None = False, **overrides: Any) -> nn.Module:
+    """Build a model by name, with random (official) initialisation or with released weights.
 
-    ``pretrained`` is a weights name of this model (``"augreg_in21k_ft_in1k"``, see ``vitkit models
-    --pretrained``), a full tag (``"vit_b16.augreg_in21k_ft_in1k"``) or a checkpoint path in any format
-    ``vitkit.load_pretrained`` reads. For released weights the model is first built the way they need
-    (their class count, pre-logits layer and resolution), then changed by the overrides. Loading is strict:
-    position embeddings are resampled to the model's resolution and, for another class count, the head is
-    fresh (both reported by ``load_pretrained``); any other difference is an error listing the keys.
+    Args:
+        name: a registered model (``"vit_b16"``), a tag (``"vit_b16.augreg_in21k"``: the architecture those
+            weights need, their class count and resolution), or a timm / Hugging Face name
+            (``"vit_base_patch16_384"``: vit_b16 at 384 pixels; ``"google/vit-base-patch16-224"``).
+        pretrained: ``False`` (or None) for random weights; ``True`` for the weights the name gives: a tag's or
+            an alias's own, else the model's default (``vitkit.pretrained.DEFAULT_WEIGHTS``: the recommended
+            ImageNet-1k fine-tune, e.g. ``vit_b16.augreg_in21k_ft_in1k``); or a string: a weights name of this
+            model (``"augreg_in21k_ft_in1k"``), a full tag, or a checkpoint path in any format
+            ``load_pretrained`` reads.
+        **overrides: config fields to change (``num_classes=10``, ``img_size=384``, ``dropout=0.1``).
+
+    Returns:
+        The model (in training mode). With weights, it is first built the way they need (class count,
+        pre-logits layer, resolution; a timm architecture's resolution over theirs), then changed by the
+        overrides; position embeddings are resampled to the model's resolution and, for another class count,
+        the head is fresh; any other difference is an error listing the keys. A model with weights carries
+        their preprocessing record as ``model.preprocessing`` (see ``preprocess``).
+
+    Raises:
+        UserError: an unknown name (with the closest names), weights of another model, or weights the table
+            does not hold.
+
+    Example:
+        >>> model = vitkit.create_model("vit_s16", pretrained=True)  # doctest: +SKIP
+        >>> batch = vitkit.preprocess(model, ["cat.jpg"])  # doctest: +SKIP
     """
-    row = None if pretrained is None else _row_for(pretrained, model=name)
-    if row is not None and row.model != name:
-        raise UserError(f"pretrained={pretrained!r} holds weights of {row.model}, not of {name}")
-    model = registry.create_model(name, **{**(row.config if row else {}), **overrides})
-    if pretrained is not None:
-        load_pretrained(model, row.tag if row is not None else pretrained)
+    resolved = resolve_name(name, pretrained=pretrained is True)
+    weights: str | Path | None = None
+    if isinstance(pretrained, (str, Path)):
+        if resolved.tag is not None:
+            raise UserError(
+                f"{name!r} already names weights ({resolved.tag}); pass pretrained=True, not {pretrained!r}"
+            )
+        row = _row_for(pretrained, model=resolved.model)
+        if row is not None and row.model != resolved.model:
+            raise UserError(f"pretrained={pretrained!r} holds weights of {row.model}, not of {resolved.model}")
+        weights = row.tag if row is not None else pretrained
+    else:
+        tag = resolved.tag or (resolved.default_tag if pretrained else None)
+        row = None if tag is None else released.get_pretrained(tag)
+        weights = tag if pretrained else None
+    built = dict(row.config) if row is not None else {}
+    if resolved.img_size is not None and resolved.tag is None:  # an alias of an architecture: its resolution
+        built["img_size"] = resolved.img_size
+    model = registry.create_model(resolved.model, **{**built, **overrides})
+    if weights is not None:
+        report = load_pretrained(model, weights)
+        _keep_preprocessing(model, report.metadata, str(weights))
     return model
+
+
+def _keep_preprocessing(model: nn.Module, metadata: Mapping[str, Any], source: str) -> None:
+    """Keep the loaded weights' preprocessing record on the model this module has just built (its own object:
+    nothing another module holds is changed). Class names that do not fit the model's head are left out."""
+    prep = preprocessing_for(model, metadata, source=source, square=False)
+    if prep.class_names is not None and len(prep.class_names) != _num_classes(model):
+        prep = replace(prep, class_names=None)
+    setattr(model, PREPROCESSING_ATTR, prep)
+
+
+def _num_classes(model: nn.Module) -> int:
+    return int(config_of(model).num_classes)
 
 
 def read_checkpoint(name_or_path: str | Path) -> Checkpoint:
@@ -96,8 +199,20 @@ def load_pretrained(
     format: str | None = None,
     drop: tuple[str, ...] | list[str] = (),
 ) -> LoadReport:
-    """Load a checkpoint (a path in any format, a pretrained tag, downloaded on first use, or a read Checkpoint)
-    into a model built for it; see vitkit.checkpoint.loader.read_into for what is adapted and what is an error."""
+    """Load a checkpoint into a model built for it.
+
+    Args:
+        model: the model to load into (changed in place).
+        source: a checkpoint path in any format, a tag or a timm / Hugging Face name of released weights
+            (downloaded on first use), or a read Checkpoint.
+        strict: refuse any key that neither fits nor is reported as adapted.
+        format: the checkpoint format, when it cannot be told from the file.
+        drop: parameter names to leave out of the load.
+
+    Returns:
+        The LoadReport: what was loaded, resampled (position embeddings), reset (a head for another class count).
+        See vitkit.checkpoint.loader.read_into for what is adapted and what is an error.
+    """
     row = None if isinstance(source, Checkpoint) else _row_for(source)
     ckpt = _read_row(row) if row is not None else source
     return loader.read_into(model, ckpt, strict=strict, format=format, drop=drop)
@@ -149,14 +264,29 @@ def load_model(
     | tuple[nn.Module, LoadReport]
     | tuple[nn.Module, dict[str, Any], LoadReport]
 ):
-    """Build a model from a pretrained tag or a checkpoint file alone and load it; overrides change its config.
+    """Build a model from weights alone: a tag, a timm / Hugging Face name, a model name, or a checkpoint file.
 
-    ``load_model("vit_b16.augreg_in21k_ft_in1k")`` downloads the released file on first use;
-    ``load_model("ViT-B_16.npz", img_size=384, num_classes=10)`` reads a file (see
-    vitkit.checkpoint.loader.read_model: the configuration comes from the file, loading is strict; ``drop`` and
-    ``tower`` pass through to it). Returns the model, then the metadata with return_metadata, then the LoadReport
-    with return_report, as a tuple when either is asked for. For a tag the metadata is what the table says of
-    the weights (class names, preprocessing, source, licence) over what the file says of itself.
+    Args:
+        name_or_path: a tag (``"vit_b16.augreg_in21k_ft_in1k"``, downloaded on first use), a timm or Hugging
+            Face name of released weights (``"vit_base_patch16_224.augreg_in21k"``,
+            ``"google/vit-base-patch16-224"``), a registered model (its default weights, as
+            ``create_model(name, pretrained=True)``), a checkpoint path in any supported format
+            (``"ViT-B_16.npz"``, ``"runs/digits"``), or a read Checkpoint.
+        return_metadata: also return the checkpoint's metadata; for released weights, what the table says of them
+            (class names, preprocessing, source, licence) over what the file says of itself.
+        format: the checkpoint format, when it cannot be told from the file.
+        return_report: also return the LoadReport (what was resampled, reset or dropped).
+        **overrides: config fields to change (``img_size=384``, ``num_classes=10``); ``drop`` and ``tower``
+            pass through to vitkit.checkpoint.loader.read_model.
+
+    Returns:
+        The model, then the metadata with return_metadata, then the LoadReport with return_report (a tuple when
+        either is asked for). The configuration comes from the file (and the table), loading is strict; the
+        model carries the weights' preprocessing record as ``model.preprocessing``.
+
+    Raises:
+        UserError: an unknown name (with the closest names), weights the table does not hold, or a checkpoint
+            that does not fit; UserFileNotFoundError (also a FileNotFoundError) for a missing path.
     """
     row = None if isinstance(name_or_path, Checkpoint) else _row_for(name_or_path)
     source = _read_row(row) if row is not None else name_or_path
@@ -167,6 +297,8 @@ def load_model(
             metadata.pop("class_names", None)  # another head was asked for: the released names do not apply
         if "img_size" in overrides:
             metadata["img_size"] = overrides["img_size"]
+    label = row.tag if row is not None else getattr(name_or_path, "path", name_or_path)
+    _keep_preprocessing(model, metadata, str(label))
     if return_metadata and return_report:
         return model, metadata, report
     if return_metadata:
@@ -174,3 +306,84 @@ def load_model(
     if return_report:
         return model, report
     return model
+
+
+# ------------------------------------------------------------------------------------------- images -> tensors
+def preprocessing_of(source: nn.Module | str | Path | Checkpoint | Preprocessing) -> Preprocessing:
+    """The preprocessing record of a model or of weights: what images the weights expect.
+
+    Args:
+        source: a model built by ``create_model`` / ``load_model`` (its ``model.preprocessing``; a model with no
+            record gets the paper's [-1, 1] pixels at its own resolution), a tag or a timm / Hugging Face name
+            of released weights (the table's record, nothing downloaded), a checkpoint path or a read Checkpoint
+            (the file's record), or a Preprocessing itself.
+
+    Returns:
+        The one record (vitkit.preprocessing.Preprocessing): size, mean / std, crop fraction, interpolation,
+        channels, class names.
+    """
+    if isinstance(source, Preprocessing):
+        return source
+    if isinstance(source, nn.Module):
+        kept = getattr(source, PREPROCESSING_ATTR, None)
+        return kept if isinstance(kept, Preprocessing) else preprocessing_for(source, square=False)
+    if isinstance(source, Checkpoint):
+        return source.preprocessing
+    row = _row_for(source)
+    return row.preprocessing() if row is not None else loader.read_checkpoint(source).preprocessing
+
+
+ImageInput = Image.Image | str | Path
+
+
+def _image_list(images: ImageInput | Sequence[ImageInput]) -> list[Image.Image | Path]:
+    """PIL images and files, in order; a folder stands for its image files, sorted by name."""
+    items = [images] if isinstance(images, (Image.Image, str, Path)) else list(images)
+    out: list[Image.Image | Path] = []
+    for item in items:
+        if isinstance(item, Image.Image):
+            out.append(item)
+            continue
+        path = Path(item)
+        if path.is_dir():
+            files = sorted(p for p in path.iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS)
+            if not files:
+                raise UserError(
+                    f"{path}: folder has no images (expected files ending in {', '.join(IMAGE_EXTENSIONS)})"
+                )
+            out.extend(files)
+        else:
+            out.append(path)
+    if not out:
+        raise UserError("preprocess: no images given")
+    return out
+
+
+def preprocess(
+    source: nn.Module | str | Path | Checkpoint | Preprocessing, images: ImageInput | Sequence[ImageInput]
+) -> torch.Tensor:
+    """Turn images into the batch a model's weights expect, with the weights' own preprocessing.
+
+    Args:
+        source: what the images are for: a model from ``create_model`` / ``load_model``, a tag or a timm /
+            Hugging Face name, a checkpoint path, a Checkpoint or a Preprocessing (see ``preprocessing_of``).
+        images: a PIL image, an image file, a folder (its image files, sorted by name), or a sequence of these.
+            Files are decoded as 8-bit RGB (EXIF orientation applied, alpha composited onto white).
+
+    Returns:
+        A float32 tensor (B, C, H, W): each image resized (the whole image to the square input, or for a crop
+        fraction below 1 the short side, then a centre crop; bilinear), scaled to [0, 1] and normalised with
+        the record's mean and std.
+
+    Raises:
+        UserError: an unreadable image, an empty folder, or a record whose input is not square.
+
+    Example:
+        >>> model = vitkit.load_model("vit_b16.augreg_in21k_ft_in1k")  # doctest: +SKIP
+        >>> logits = model.eval()(vitkit.preprocess(model, ["cat.jpg", "dog.png"]))  # doctest: +SKIP
+    """
+    prep = preprocessing_of(source)
+    prep.square_size(str(source) if isinstance(source, (str, Path)) else "preprocess")
+    transform = image_transform(prep)
+    batch = [transform(item if isinstance(item, Image.Image) else load_image(item)) for item in _image_list(images)]
+    return torch.stack(batch)  # (B, C, H, W)

@@ -62,6 +62,7 @@ __all__ = [
     "cache_dir",
     "cached_path",
     "class_names",
+    "default_pretrained",
     "download_url",
     "get_pretrained",
     "is_tag",
@@ -267,6 +268,28 @@ PRETRAINED: dict[str, PretrainedRow] = {row.tag: row for row in (
     *(_bit(f"bit_{arch}", "S") for arch in BIT_S),
 )}
 # fmt: on
+
+# The weights ``pretrained=True`` loads, one per model with released weights: the ImageNet-1k fine-tune of the
+# strongest ImageNet-21k pretraining the table holds, from the official bucket (AugReg over the 2020 release, as
+# the vision_transformer README recommends; the 384-pixel fine-tune where there are two); a model without an
+# ImageNet-1k fine-tune gets its ImageNet-21k weights (ViT-H/14; BiT-M, whose upstream the paper compares with).
+DEFAULT_WEIGHTS: dict[str, str] = {
+    **{m: "augreg_in21k_ft_in1k" for m in ("vit_ti16", "vit_s16", "vit_s32", "vit_b16", "vit_b32", "vit_l16")},
+    **{m: "augreg_in21k_ft_in1k" for m in ("r_vit_ti32", "r26_vit_s32", "r50_vit_l32")},
+    "vit_b8": "augreg_in21k_ft_in1k_224",
+    "vit_l32": "orig_in21k_ft_in1k",
+    "vit_h14": "orig_in21k",
+    "r50_vit_b16": "orig_in21k_ft_in1k",
+    **{f"bit_{arch}": "bit_m_in21k" for arch in BIT_M},
+}
+
+
+def default_pretrained(model: str) -> PretrainedRow:
+    """The row ``pretrained=True`` loads for a registered model (DEFAULT_WEIGHTS), or a UserError when the model
+    has no released weights."""
+    if model not in DEFAULT_WEIGHTS:
+        raise UserError(f"{model} has no released weights; models with weights: {', '.join(DEFAULT_WEIGHTS)}")
+    return PRETRAINED[f"{model}.{DEFAULT_WEIGHTS[model]}"]
 
 
 # ------------------------------------------------------------------------------------------------ look-ups

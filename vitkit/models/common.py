@@ -137,4 +137,5 @@ class PooledClassifier(nn.Module):
 
 
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:
+    """The number of parameters of a model (only those with requires_grad when ``trainable_only``)."""
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
