@@ -124,6 +124,7 @@ def test_the_optimizer_is_the_papers_sgd_for_a_large_source_and_adamw_for_a_smal
     sgd = finetune_config(str(tmp_path / "pre.npz"), data, ["schedule.steps=4", "optim.name=sgd"]).optim
     assert (sgd.lr, sgd.momentum, sgd.weight_decay, sgd.label_smoothing) == (0.01, 0.9, 0.0, 0.0)
     assert build_optimizer(VisionTransformer(**SOURCE), sgd).param_groups[0]["momentum"] == 0.9
+    assert config_from_dict({}, ["optim.name=sgd"]).optim.momentum == 0.9  # the optimizer config's default too
 
 
 def test_finetune_and_train_with_init_from_resolve_the_same_recipe(tmp_path):
