@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -24,32 +26,62 @@ def tiny(tmp_path: Path, *overrides: str):
     return config_from_dict(doc, list(overrides))
 
 
-def test_the_average_is_the_papers_exponential_average_of_every_step(tmp_path):
-    trainer = Trainer(tiny(tmp_path))
+@pytest.mark.parametrize("warmup", [True, False])
+def test_the_average_is_the_exponential_average_of_every_step_with_its_warm_up(tmp_path, warmup):
+    trainer = Trainer(tiny(tmp_path, f"optim.polyak_warmup={warmup}"))
     try:
         decay = 0.8
         expected = {n: p.detach().double().clone() for n, p in trainer.model.named_parameters()}  # starts at init
         batches = trainer.batches(0)
-        for _ in range(6):
+        for t in range(6):
             trainer.train_step(batches)
+            # TF's ExponentialMovingAverage(num_updates=t): min(decay, (1 + t) / (10 + t)); 0.1, 0.18, ... here
+            d = min(decay, (1.0 + t) / (10.0 + t)) if warmup else decay
             for n, p in trainer.model.named_parameters():
-                expected[n] = decay * expected[n] + (1 - decay) * p.detach().double()
+                expected[n] = d * expected[n] + (1 - d) * p.detach().double()
         got = dict(trainer.averaged.module.named_parameters())
         for n, want in expected.items():
             torch.testing.assert_close(got[n].double(), want, rtol=0, atol=1e-6)
         raw = dict(trainer.model.named_parameters())
         assert any(not torch.equal(raw[n], got[n]) for n in raw)  # a real average, not a copy
-        # evaluation reads the averaged weights
+        # evaluation reads the averaged weights, and its record says so
         metrics = trainer.evaluate()
         assert metrics == evaluate(trainer.averaged.module, trainer.eval_ds)
+        record = trainer.metrics.records()[-1]
+        assert record["weights"].startswith("polyak average 0.8")
+        assert ("warm-up" in record["weights"]) == warmup
     finally:
         trainer.close()
+
+
+def test_the_warm_up_is_on_by_default_and_a_run_shorter_than_the_horizon_warns(tmp_path):
+    assert config_from_dict({}).optim.polyak_warmup is True
+    with pytest.warns(
+        UserWarning,
+        match=r"optim.polyak=0.99 averages over about 100 steps, more than this run's 6: "
+        r"the average stays in its warm-up \(factor \(1 \+ t\) / \(10 \+ t\), at most 0.4000 here\)",
+    ):
+        Trainer(tiny(tmp_path, "optim.polyak=0.99", "run.name=a")).close()
+    with pytest.warns(UserWarning, match=r"94.1% of the average is still the initial weights at the end"):
+        Trainer(tiny(tmp_path, "optim.polyak=0.99", "optim.polyak_warmup=false", "run.name=b")).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Trainer(tiny(tmp_path, "optim.polyak=0.8", "run.name=c")).close()  # 6 steps cover a horizon of 5
+
+
+def test_the_plots_say_the_evaluated_model_is_the_average(tmp_path):
+    from vitkit.train.metrics import accuracy_figure, loss_figure
+
+    result = train(tiny(tmp_path, "run.name=plots"))
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    for fig in (accuracy_figure(records), loss_figure(records)):
+        assert "\nevaluated: the polyak average 0.8 (warm-up" in fig.axes[0].get_title()
 
 
 def test_the_saved_model_is_the_average_and_resume_is_exact(tmp_path):
     straight = train(tiny(tmp_path, "run.name=straight"))
     config, state, meta = read_native(straight.run_dir)
-    assert meta["weights"] == "polyak average, factor 0.8"
+    assert meta["weights"] == "polyak average 0.8 (warm-up (1+t)/(10+t))"
     loaded = load_model(straight.run_dir)  # load_model gives the averaged weights
     assert all(torch.equal(v, state[k]) for k, v in loaded.state_dict().items())
 

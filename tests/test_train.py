@@ -123,7 +123,9 @@ def test_config_errors_name_the_key(override, message):
         load_config(None, [override])
 
 
-def test_shipped_configs_parse():
+def test_shipped_configs_parse(tmp_path):
+    ckpt = tmp_path / "ckpt.npz"  # a fine-tune's recipe reads its source's preprocessing
+    np.savez(ckpt, **vitkit_to_official(create_model("vit_ti16", width=32, depth=1, num_heads=2, mlp_dim=64)))
     assert {"digits", "vit_b16_pretrain", "vit_b16_finetune"} <= set(shipped_configs())
     for name, path in shipped_configs().items():
         header = path.read_text().splitlines()[:4]
@@ -131,7 +133,7 @@ def test_shipped_configs_parse():
         required = "???" in path.read_text()
         with pytest.raises(ValueError, match="required") if required else contextlib.nullcontext():
             load_config(name)
-        cfg = load_config(name, ["data.root=/data", "run.init_from=ckpt.npz"] if required else [])
+        cfg = load_config(name, ["data.root=/data", f"run.init_from={ckpt}"] if required else [])
         assert cfg.run.name == name
     pre = load_config("vit_b16_pretrain", ["data.root=/d"])
     assert (pre.optim.name, pre.optim.betas, pre.optim.batch_size, pre.optim.grad_clip) == (
@@ -145,7 +147,7 @@ def test_shipped_configs_parse():
         "linear",
         768,
     )
-    ft = load_config("vit_b16_finetune", ["data.root=/d", "run.init_from=x.npz"])
+    ft = load_config("vit_b16_finetune", ["data.root=/d", f"run.init_from={ckpt}"])
     assert (ft.optim.name, ft.optim.momentum, ft.optim.weight_decay, ft.optim.batch_size) == ("sgd", 0.9, 0.0, 512)
     assert (ft.data.img_size, ft.schedule.decay, ft.schedule.steps) == (384, "cosine", 10000)
 

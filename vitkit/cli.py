@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import warnings
 from collections.abc import Callable
 
 from .errors import UserError
@@ -434,7 +435,7 @@ def add_finetune(p: argparse.ArgumentParser) -> None:
 
 @command("finetune", "fine-tune a checkpoint on a data set with the paper's recipe, in one command")
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from .train.finetune import finetune_config
+    from .train.recipe import finetune_config
 
     cfg = finetune_config(args.source, args.data, args.overrides)
     s, o = cfg.schedule, cfg.optim
@@ -513,7 +514,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:
+    """A library warning as the command shows it: one line, without the source line of the code that raised it."""
+    return f"vitkit: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
+    formatwarning, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    try:
+        return _main(argv)
+    finally:
+        warnings.formatwarning = formatwarning
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse matches no positionals after an option (`vitkit eval RUN --data D data.img_size=32`): key=value

@@ -1,6 +1,6 @@
 """Training: configs (config.py), the engine (engine.py), optimizers and schedules (optim.py), seeded data
 order (sampling.py), resume state (state.py), torchrun/DDP (distributed.py), metrics and plots (metrics.py),
-fine-tuning initialisation (finetune.py) and `vitkit eval` (run_eval.py).
+the fine-tuning recipe and initialisation (recipe.py) and `vitkit eval` (run_eval.py).
 
     cfg = load_config("digits", ["optim.lr=2e-3"])
     result = train(cfg)          # -> TrainResult(run_dir, step, metrics, wall_s)

@@ -77,6 +77,7 @@ class OptimConfig:
     batch_size: int = 128  # images per optimizer step, over all ranks and micro-batches
     accum_steps: int = 1  # micro-batches per optimizer step (gradient accumulation)
     polyak: float = 0.0  # Polyak (EMA) averaging of the weights, e.g. 0.9999 as the paper; 0: off
+    polyak_warmup: bool = True  # average update t uses min(polyak, (1 + t) / (10 + t)), as TF's and timm's EMA
     layer_decay: float = 1.0  # layer-wise lr decay for fine-tuning: block i of L gets lr x layer_decay^(L-i); 1: off
 
     def __post_init__(self) -> None:
@@ -101,7 +102,7 @@ class ScheduleConfig:
     """The run's length, in optimizer steps or in epochs (one of the two); linear warmup, then decay to min_lr.
 
     With neither, a fine-tune (run.init_from) takes the paper's length for the data's size and a run from
-    scratch 10 epochs (see vitkit.train.finetune.default_steps). A warmup as long as the run is shortened to
+    scratch 10 epochs (see vitkit.train.recipe). A warmup as long as the run is shortened to
     half of it, with a warning, so that the learning rate reaches optim.lr.
     """
 
@@ -357,7 +358,9 @@ SECTIONS: dict[str, type] = {
 def config_from_dict(doc: dict[str, Any], overrides: Sequence[str] = ()) -> TrainConfig:
     """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last).
 
-    A value ``???`` marks a key the user must supply (e.g. the data root of a shipped recipe).
+    A value ``???`` marks a key the user must supply (e.g. the data root of a shipped recipe). With run.init_from
+    set, every key of the fine-tuning recipe that neither doc nor overrides give is the recipe's
+    (vitkit.train.recipe.recipe_values): a file's explicit values count as the user's.
     """
     if isinstance(overrides, str):  # a str is a sequence too: each character would be read as an override
         raise TypeError(f"overrides: expected a list of section.key=value strings, got the string {overrides!r}")
@@ -379,6 +382,19 @@ def config_from_dict(doc: dict[str, Any], overrides: Sequence[str] = ()) -> Trai
     required = [f"{s}.{k}" for s, values in merged.items() for k, v in values.items() if v == REQUIRED]
     if required:
         raise UserError(f"{', '.join(required)}: required by this config; pass e.g. {required[0]}=...")
+    cfg = _build_config(merged)
+    if not cfg.run.init_from:
+        return cfg
+    from .recipe import recipe_values  # a fine-tune: the one resolution of its recipe fills what was not given
+
+    given = {f"{section}.{key}" for section, values in merged.items() for key in values}
+    for key, value in recipe_values(cfg, given).items():
+        section, _, name = key.partition(".")
+        merged[section][name] = value
+    return _build_config(merged)
+
+
+def _build_config(merged: dict[str, dict[str, Any]]) -> TrainConfig:
     sections = {name: _build_section(cls, merged[name], name) for name, cls in SECTIONS.items() if name != "model"}
     return TrainConfig(model=_build_model_section(merged["model"]), **sections)
 

@@ -33,7 +33,7 @@ from typing import Any, cast
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, Dataset
 
 from ..checkpoint.loader import Checkpoint
@@ -49,10 +49,10 @@ from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
 from .config import ScheduleConfig, TrainConfig, load_config
-from .finetune import default_steps, init_from_checkpoint, read_source
 from .metrics import MetricsLog, plot_metrics, topk_correct
 from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
+from .recipe import default_steps, init_from_checkpoint, read_source
 from .sampling import SeededBatches, SeededItems, StepPlan, mix_seed
 from .state import STATE_NAME, load_train_state, read_train_state, save_train_state
 
@@ -109,6 +109,17 @@ def _size(dataset: Dataset[Any]) -> int:
     if not isinstance(dataset, Sized):
         raise UserError(f"a {type(dataset).__name__} has no length: training needs data sets of known size")
     return len(dataset)
+
+
+def polyak_label(decay: float, warmup: bool) -> str:
+    """What the run's model is, for its metadata, its eval records and its plots."""
+    return f"polyak average {decay:g}" + (" (warm-up (1+t)/(10+t))" if warmup else "")
+
+
+def polyak_decay(decay: float, t: int, warmup: bool = True) -> float:
+    """The averaging factor of Polyak update t (0 for the first): decay, or with the warm-up
+    min(decay, (1 + t) / (10 + t))."""
+    return min(decay, (1 + t) / (10 + t)) if warmup else decay
 
 
 # ------------------------------------------------------------------------------------------------ model
@@ -323,12 +334,37 @@ class Trainer:
     def _polyak(self, decay: float) -> AveragedModel | None:
         """The Polyak-averaged copy of the model (optim.polyak), starting from the initial weights.
 
-        Every step moves it towards the new weights by (1 - decay), one fused lerp over all parameters
-        (torch's own EMA averaging); each rank does the same on identical weights, so it is DDP-safe.
+        Update t (0 for the first) moves it towards the new weights with the factor ``polyak_decay(decay, t)``:
+        with optim.polyak_warmup, min(decay, (1 + t) / (10 + t)) as TensorFlow's ExponentialMovingAverage with
+        num_updates and timm's EMA warmup, so the initial weights are forgotten in a run of any length. One
+        fused lerp over all parameters; each rank does the same on identical weights, so it is DDP-safe.
         """
         if not decay:
             return None
-        averaged = AveragedModel(self.model, multi_avg_fn=get_ema_multi_avg_fn(decay))
+        warmup = self.cfg.optim.polyak_warmup
+        horizon = round(1 / (1 - decay))
+        if self.total_steps < horizon:
+            if warmup:
+                last = polyak_decay(decay, self.total_steps - 1)
+                what = f"the average stays in its warm-up (factor (1 + t) / (10 + t), at most {last:.4f} here)"
+            else:
+                what = f"{100 * decay**self.total_steps:.1f}% of the average is still the initial weights at the end"
+            warnings.warn(
+                f"optim.polyak={decay:g} averages over about {horizon} steps, more than this run's "
+                f"{self.total_steps}: {what}",
+                stacklevel=3,
+            )
+
+        @torch.no_grad()
+        def update(
+            averaged: list[torch.Tensor] | tuple[torch.Tensor, ...],
+            current: list[torch.Tensor] | tuple[torch.Tensor, ...],
+            num_averaged: torch.Tensor | int,
+        ) -> None:
+            # num_averaged counts the initial copy: update t is the (t + 1)-th average
+            torch._foreach_lerp_(averaged, current, 1 - polyak_decay(decay, int(num_averaged) - 1, warmup))
+
+        averaged = AveragedModel(self.model, multi_avg_fn=update)
         averaged.update_parameters(self.model)  # the first update copies: the average starts at the initial weights
         return averaged
 
@@ -479,7 +515,12 @@ class Trainer:
                 self.cfg.run.amp,
                 self.cfg.data.num_workers,
             )
-            self.metrics.write({"kind": "eval", "step": self.step, "epoch": self.epoch, **metrics})
+            weights = (
+                {"weights": polyak_label(self.cfg.optim.polyak, self.cfg.optim.polyak_warmup)}
+                if self.averaged is not None
+                else {}
+            )
+            self.metrics.write({"kind": "eval", "step": self.step, "epoch": self.epoch, **metrics, **weights})
         dist_utils.barrier(self.dist)
         self.last_eval = metrics
         return metrics
@@ -548,7 +589,7 @@ class Trainer:
             save_train_state(self.state_path, self.model, self.optimizer, info, self.scaler, self.averaged)
             meta = {**self.info.to_dict(), "step": self.step, "epoch": self.epoch, "metrics": self.last_eval}
             if self.averaged is not None:  # the run's model is the averaged one; the raw weights are in the state
-                meta["weights"] = f"polyak average, factor {self.cfg.optim.polyak}"
+                meta["weights"] = polyak_label(self.cfg.optim.polyak, self.cfg.optim.polyak_warmup)
             model, extra, about = self.objective.export(self.eval_model)  # mpp: the ViT, its head kept as extras
             save_pretrained(model, self.run_dir, metadata={**meta, **about}, extra=extra)
         dist_utils.barrier(self.dist)

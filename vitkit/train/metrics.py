@@ -117,12 +117,16 @@ def loss_figure(records: list[dict[str, Any]], *, label_smoothing: float = 0.0) 
     mpp = any("eval_mpp_loss" in r for r in evals)
     key = "eval_mpp_loss" if mpp else "eval_loss"
     evals = [r for r in evals if key in r]
-    _plot(ax, [r["step"] for r in evals], [r[key] for r in evals], "s", "-", "eval MPP loss" if mpp else "eval loss")
+    averaged = " (Polyak average)" if _weights(evals) else ""  # the title names the factor
+    label = ("eval MPP loss" if mpp else "eval loss") + averaged
+    _plot(ax, [r["step"] for r in evals], [r[key] for r in evals], "s", "-", label)
     ys = [float(v) for line in ax.get_lines() for v in np.asarray(line.get_ydata(), dtype=float).ravel()]
     losses = [v for v in ys if math.isfinite(v) and v > 0]
     if losses and max(losses) > 10 * min(losses):
         ax.set_yscale("log")
-    ax.set(xlabel="step", ylabel="masked patch prediction loss" if mpp else "cross-entropy", title="loss")
+    ax.set(
+        xlabel="step", ylabel="masked patch prediction loss" if mpp else "cross-entropy", title="loss" + _weights(evals)
+    )
     _finish(ax)
     return fig
 
@@ -143,9 +147,15 @@ def accuracy_figure(records: list[dict[str, Any]]) -> Figure:
     _plot(ax, steps, [r["eval_top1"] for r in evals], "o", "-", "eval top-1")
     _plot(ax, steps, [r["eval_top5"] for r in evals], "s", "--", "eval top-5")
     _plot(ax, [r["step"] for r in mpp], [r["eval_mpp_acc"] for r in mpp], "o", "-", "eval MPP colour accuracy")
-    ax.set(xlabel="step", ylabel="accuracy", title="held-out accuracy")
+    ax.set(xlabel="step", ylabel="accuracy", title="held-out accuracy" + _weights(evals + mpp))
     _finish(ax)
     return fig
+
+
+def _weights(evals: list[dict[str, Any]]) -> str:
+    """A title's second line when the evaluated weights were the Polyak average (the eval records say so)."""
+    about = next((r["weights"] for r in evals if "weights" in r), None)
+    return f"\nevaluated: the {about}" if about else ""
 
 
 def _plot(ax, x: list[float], y: list[float], marker: str, linestyle: str, label: str) -> None:
