@@ -25,18 +25,14 @@ from torch import nn
 
 from .errors import UserError, UserFileNotFoundError
 from .io import atomic_write
+from .optional import require
 
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
 
 
 def _require(module: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f"ONNX export needs the '{module}' package: pip install 'vitkit[onnx]'") from None
+    return require(module, "ONNX export")
 
 
 def export_onnx(

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write, atomic_write_text
+from ..optional import require
 from .native import load_tensor_file, read_config_json
 
 if TYPE_CHECKING:  # transformers is a development / benchmark dependency, imported only when used
@@ -202,6 +203,7 @@ def _check_exportable(model: nn.Module) -> None:
 
 def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> transformers.ViTConfig:
     """The transformers.ViTConfig that reproduces a vitkit ViT's numerics (GELU variant, LayerNorm eps)."""
+    require("transformers", "a transformers ViTConfig (convert --to hf)")
     import transformers
 
     _check_exportable(model)
@@ -277,6 +279,7 @@ def to_hf_model(model: nn.Module) -> transformers.ViTForImageClassification:
     Eager attention, eval mode, on the model's device and dtype. Needs a class-token ViT without pre-logits
     (ViTForImageClassification has none) and with a head (num_classes > 0).
     """
+    require("transformers", "a transformers ViTForImageClassification")
     import transformers
 
     if model.config.representation_size:
