@@ -124,6 +124,18 @@ def test_importing_the_cli_changes_no_warning_setting():
     assert out.strip() == "True"
 
 
+# ------------------------------------------------------------------------------------------------- outputs
+def test_bench_json_is_replaced_only_with_force(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    out.write_text("earlier results\n")
+    argv = ["bench", "--model", "vit_ti16", "--img-size", "32", "--batch-size", "2", "--repeats", "1", "--warmup", "0"]
+    argv += ["--device", "cpu", "--json", str(out)]
+    assert one_line_error(capsys, argv) == f"vitkit bench: error: {out}: exists; pass --force to replace it"
+    assert out.read_text() == "earlier results\n"
+    assert main([*argv, "--force"]) == 0
+    assert json.loads(out.read_text())["config"]["model"] == "vit_ti16"
+
+
 # ---------------------------------------------------------------------------------------------- train --data
 def image_folder(root: Path) -> Path:
     rng = np.random.default_rng(0)

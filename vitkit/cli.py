@@ -7,8 +7,8 @@ as one line and exits with status 2 (VITKIT_DEBUG=1 shows its traceback); anythi
 its traceback. A missing optional package is such an error, naming the `pip install 'vitkit[extra]'` that
 provides it. While a command runs, a warning is one line, `vitkit CMD: warning: ...`, each text shown once.
 
-Every command that writes a result (convert, export, fewshot, inspect) refuses to replace an earlier one
-without --force, in one line naming the file.
+Every command that writes a result (convert, export, fewshot, inspect, bench --json) refuses to replace an
+earlier one without --force, in one line naming the file.
 """
 
 from __future__ import annotations
@@ -363,6 +363,7 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--force", action="store_true", help="replace an existing --json file")
     p.add_argument("--max-batch", action="store_true", help="find the largest batch within --memory-budget")
     p.add_argument("--memory-budget", default="8GB")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
@@ -373,6 +374,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, run_bench
     from .fast import tune_cpu_allocator
 
+    if args.json:
+        _refuse_existing(Path(args.json), args.force)  # before minutes of timing
     for peer in dict.fromkeys(args.compare):  # a missing peer library is named before anything is built
         for module in _PEER_MODULES.get(peer, ()):
             require(module, f"--compare {peer}")
