@@ -258,6 +258,23 @@ def test_every_optional_import_goes_through_require():
     assert checked >= 5  # hf (2), augment, metrics, digits, and export's dynamic imports go through require()
 
 
+def test_without_any_optional_package_every_module_imports_and_the_cli_starts():
+    """An environment made by `make train` (no extras): nothing optional is imported before it is used."""
+    code = (
+        f"import sys; sys.modules.update(dict.fromkeys({sorted(EXTRAS)!r} + ['timm'])); "
+        "import importlib, pkgutil, vitkit; "
+        "names = [m.name for m in pkgutil.walk_packages(vitkit.__path__, 'vitkit.')]; "
+        "[importlib.import_module(n) for n in names]; "
+        "from vitkit.cli import build_parser, main; build_parser(); "
+        "print(len(names), main(['models', 'vit_ti16']))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    count, status = proc.stdout.split()[-2:]
+    assert int(count) > 40 and status == "0"
+
+
 def test_require_names_the_package_and_its_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "sklearn", None)
     with pytest.raises(MissingDependencyError) as info:

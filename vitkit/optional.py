@@ -1,7 +1,7 @@
 """Optional dependencies: one road from "this feature needs a package you do not have" to the install line.
 
-    require("onnx", extra="onnx", purpose="vitkit export")   # the module, or MissingDependencyError:
-    # "vitkit export needs the onnx package: pip install 'vitkit[onnx]'"
+    onnx = require("onnx", "ONNX export")   # the module, or MissingDependencyError:
+    # "ONNX export needs the onnx package: pip install 'vitkit[onnx]'"
 
 The extras are pyproject's optional-dependencies (onnx, bench, augment, tensorboard; dev for development-only
 tools). A missing package is a user's to install, so the error is a UserError (one line, exit status 2 on the
@@ -46,8 +46,8 @@ def install_hint(module: str) -> str:
 def require(module: str, purpose: str) -> ModuleType:
     """Import an optional module, or raise MissingDependencyError naming ``purpose`` and the pip line.
 
-    ``purpose`` says what needs it, as the user asked for it: "vitkit export", "bench --compare hf",
-    "run.tensorboard=true".
+    ``purpose`` says what needs it, as the user asked for it: "ONNX export", "--compare hf" (after the
+    command line's "vitkit bench: error: "), "run.tensorboard=true".
     """
     hint = install_hint(module)  # an unknown module is a bug here, found before any import is tried
     try:
