@@ -1,12 +1,16 @@
 # `make train` and `make test` set everything up themselves on a fresh machine: a .venv and the package, pinned
 # by constraints.txt (CPU torch where there is no GPU, no CUDA downloads). `make train` installs only what the
-# main job needs; `make test` adds the test, lint and peer-library extras.
+# main job needs; `make test` adds the test, lint and peer-library extras. The `vitkit` command lives in
+# .venv/bin: `source .venv/bin/activate` puts it on a shell's PATH, and the set-up targets say so when they end.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 DEV_STAMP := $(VENV)/.installed-dev-stamp
 export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
+# printed in single quotes: no apostrophe in it
+ON_PATH := vitkit is installed in $(VENV)/bin: run `source $(VENV)/bin/activate` to put it on your PATH (once in \
+each new shell); the vitkit commands in the README then work as written
 
 .PHONY: install install-dev train test lint format bench clean
 
@@ -20,11 +24,14 @@ $(DEV_STAMP): $(STAMP)
 	@touch $(DEV_STAMP)
 
 install: $(STAMP)
+	@echo '$(ON_PATH)'
 
 install-dev: $(DEV_STAMP)
+	@echo '$(ON_PATH)'
 
 train: $(STAMP)
 	$(VENV)/bin/vitkit train $(ARGS)
+	@echo '$(ON_PATH)'
 
 lint: $(DEV_STAMP)
 	$(VENV)/bin/ruff check vitkit tests benchmarks

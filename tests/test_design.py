@@ -335,11 +335,11 @@ def test_data_means_the_same_in_every_command(tmp_path, capsys):
     doc = json.loads((ckpt / "fewshot.json").read_text())  # the results go beside the checkpoint
     assert doc["data"]["source"] == "folder" and doc["num_test"] == held_out
     # a source name with its root as an option or an override, the same for every command
-    for command in (["eval"], ["fewshot", "--shots", "1", "--seeds", "1"]):
+    for command in (["eval"], ["fewshot", "--shots", "1", "--seeds", "1", "--force"]):  # fewshot.json is there
         assert main([*command, str(ckpt), "--data", "folder", "--root", str(folder)]) == 0
         assert main([*command, str(ckpt), "--data", "folder", f"data.root={folder}"]) == 0
     # data that cannot be read fails every command, with the path named
-    for command in (["eval"], ["fewshot"], ["inspect", "--out", str(tmp_path / "figs")]):
+    for command in (["eval"], ["fewshot", "--force"], ["inspect", "--out", str(tmp_path / "figs")]):
         capsys.readouterr()
         assert main([*command, str(ckpt), "--data", "folder", "--root", str(tmp_path / "none")]) == 2
         assert str(tmp_path / "none") in capsys.readouterr().err

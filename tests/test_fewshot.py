@@ -146,6 +146,27 @@ def test_fewshot_cli_on_the_checkpoints_own_data(tmp_path, capsys):
     assert f"{100 * five['mean']:6.2f} +- {100 * five['std']:5.2f}" in printed
 
 
+def test_fewshot_cli_replaces_its_results_only_with_force(tmp_path, capsys):
+    from vitkit.checkpoint.native import save_pretrained
+    from vitkit.cli import main
+
+    torch.manual_seed(0)
+    model = VisionTransformer(img_size=16, patch_size=4, in_chans=1, width=32, depth=1, num_heads=2, mlp_dim=64)
+    meta = {"source": "digits", "class_names": [str(d) for d in range(10)], "img_size": 16, "in_chans": 1}
+    ckpt = save_pretrained(model, tmp_path / "ckpt", metadata=meta)
+    out = ckpt / "fewshot.json"  # the default: in the checkpoint's directory
+    assert main(["fewshot", str(ckpt), "--shots", "1", "--seeds", "1"]) == 0
+    first = out.read_text()
+    assert list(json.loads(first)["results"]) == ["1"]
+    capsys.readouterr()
+    assert main(["fewshot", str(ckpt), "--shots", "2", "--seeds", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"vitkit fewshot: error: {out}: exists; pass --force to replace it"]
+    assert out.read_text() == first
+    assert main(["fewshot", str(ckpt), "--shots", "2", "--seeds", "1", "--force"]) == 0
+    assert list(json.loads(out.read_text())["results"]) == ["2"]
+
+
 # ------------------------------------------------------------------------------------- the evaluation loop
 class _Items(torch.utils.data.Dataset):
     """A data set read item by item (no tensors to slice): the DataLoader road."""

@@ -239,6 +239,51 @@ def test_inspect_cli_takes_images_from_the_checkpoints_data(tmp_path):
         assert im.width > 100
 
 
+def test_inspect_refuses_an_earlier_inspection_and_force_leaves_exactly_the_new_index(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    save_pretrained(tiny_vit(), ckpt, metadata={"class_names": list("abcde"), "img_size": 16})
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for name in ("cat", "dog"):
+        Image.fromarray((torch.rand(20, 24, 3) * 255).byte().numpy()).save(photos / f"{name}.png")
+    out = tmp_path / "figures"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")  # not an inspection's file: never refused, never removed
+    assert main(["inspect", str(ckpt), str(photos), "--out", str(out)]) == 0  # a folder: its images, sorted
+    first = json.loads((out / "index.json").read_text())
+    assert {"rollout_00_cat.png", "rollout_01_dog.png", "attention_01_dog.png"} <= {w["file"] for w in first["written"]}
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    capsys.readouterr()
+    assert main(["inspect", str(ckpt), str(photos / "cat.png"), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("vitkit inspect: error: ") and str(out / "index.json") in err[0]
+    assert "--force" in err[0]
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # nothing touched
+
+    assert main(["inspect", str(ckpt), str(photos / "cat.png"), "--out", str(out), "--force"]) == 0
+    printed = capsys.readouterr().out
+    index = json.loads((out / "index.json").read_text())
+    listed = {w["file"] for w in index["written"]}
+    assert "rollout_01_dog.png" not in listed and "rollout_00_cat.png" in listed
+    # the directory holds exactly what the new index lists (the dog's figures are gone), plus the user's file
+    assert {p.name for p in out.iterdir()} == listed | {"index.json", "index.md", "notes.txt"}
+    assert (out / "notes.txt").read_text() == "mine"
+    assert f"removed {out}/rollout_01_dog.png" in printed and f"removed {out}/attention_01_dog.png" in printed
+
+
+def test_inspect_images_that_do_not_exist_are_one_line_before_any_work(tmp_path, capsys):
+    ckpt = tmp_path / "ckpt"
+    save_pretrained(tiny_vit(), ckpt, metadata={"img_size": 16})
+    (tmp_path / "empty").mkdir()
+    for missing, cause in ((tmp_path / "nope.png", "no such image file or folder"), (tmp_path / "empty", "no image")):
+        capsys.readouterr()
+        assert main(["inspect", str(ckpt), str(missing), "--out", str(tmp_path / "figs")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and str(missing) in err[0] and cause in err[0]
+    assert not (tmp_path / "figs").exists()
+
+
 def test_rollout_colour_bar_shows_the_colours_blended_onto_the_image():
     from matplotlib.collections import QuadMesh
 

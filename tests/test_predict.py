@@ -99,6 +99,37 @@ def test_cli_text_output_with_a_labels_file(checkpoint, tmp_path, capsys):
     assert "2 class names given but the model has 7 classes" in capsys.readouterr().err
 
 
+def test_cli_a_folder_is_every_image_inside_sorted(checkpoint, tmp_path, capsys):
+    folder = tmp_path / "photos"
+    (folder / "b").mkdir(parents=True)
+    (folder / ".cache").mkdir()
+    names = {"b/2_flower.jpg": PHOTOS[1], "1_china.jpg": PHOTOS[0], "3.PNG": PHOTOS[1], ".cache/hidden.jpg": PHOTOS[0]}
+    for name, photo in names.items():
+        (folder / name).write_bytes(photo.read_bytes())
+    (folder / "notes.txt").write_text("not an image")
+    assert main(["predict", str(checkpoint), str(folder), "--json", "--top-k", "3"]) == 0
+    from_folder = json.loads(capsys.readouterr().out)
+    expected = [str(folder / n) for n in ("1_china.jpg", "3.PNG", "b/2_flower.jpg")]  # sorted, hidden skipped
+    assert [d["file"] for d in from_folder] == expected
+    assert main(["predict", str(checkpoint), *expected, "--json", "--top-k", "3"]) == 0  # the same, listed
+    assert json.loads(capsys.readouterr().out) == from_folder
+
+
+@pytest.mark.parametrize("kind", ["missing file", "empty folder"])
+def test_cli_a_missing_image_or_an_empty_folder_is_one_line_exit_2(checkpoint, tmp_path, capsys, kind):
+    target = tmp_path / ("nope.jpg" if kind == "missing file" else "empty")
+    if kind == "empty folder":
+        target.mkdir()
+        (target / "readme.txt").write_text("no images here")
+    capsys.readouterr()
+    assert main(["predict", str(checkpoint), str(PHOTOS[0]), str(target)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"vitkit predict: error: {target}: "), captured.err
+    assert ("no such image file" if kind == "missing file" else "no image files") in lines[0]
+    assert captured.out == ""  # nothing predicted: the mistake is reported before the model runs
+
+
 def test_defaults_without_metadata():
     prep = preprocessing_for(tiny_classifier(), {})
     assert (prep.img_size, prep.mean, prep.std, prep.class_names) == (32, [0.5] * 3, [0.5] * 3, None)

@@ -47,8 +47,10 @@ def one_line_error(capsys, argv: list[str], *needles: str) -> str:
 def argv_for(command: str, checkpoint: Path, tmp_path: Path) -> list[str]:
     if command == "eval":
         return ["eval", str(checkpoint), "--data", "digits"]
-    if command == "predict":
-        return ["predict", str(checkpoint), str(tmp_path / "image.png")]
+    if command == "predict":  # a readable image: the checkpoint is what fails
+        image = tmp_path / "image.png"
+        Image.fromarray(np.zeros((8, 8, 3), np.uint8)).save(image)
+        return ["predict", str(checkpoint), str(image)]
     return ["convert", str(checkpoint), str(tmp_path / "converted")]
 
 

@@ -4,37 +4,85 @@ Each command is a function decorated with @command(name, help) that receives the
 arguments are declared by an `add_<name>` function registered with @arguments(name). A user error (the
 library's UserError: a bad path, key or value; or a file the system refuses, such as a full disk) is printed
 as one line and exits with status 2 (VITKIT_DEBUG=1 shows its traceback); anything else is a bug and keeps
-its traceback.
+its traceback. A missing optional package is such an error, naming the `pip install 'vitkit[extra]'` that
+provides it. While a command runs, a warning is one line, `vitkit CMD: warning: ...`, each text shown once.
+
+Every command that writes a result (convert, export, fewshot, inspect, bench --json) refuses to replace an
+earlier one without --force, in one line naming the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
 
-from .errors import UserError
+from .errors import UserError, UserFileNotFoundError
+from .optional import require
 
-_COMMANDS: dict[str, tuple[str, Callable[[argparse.Namespace], int | None]]] = {}
-_ARGUMENTS: dict[str, Callable[[argparse.ArgumentParser], None]] = {}
+if TYPE_CHECKING:  # the commands import what they run when they run it: `vitkit --help` stays fast
+    from .predict import Preprocessing
+    from .train.config import TrainConfig
+
+Command = Callable[[argparse.Namespace], int | None]
+AddArguments = Callable[[argparse.ArgumentParser], None]
+
+_COMMANDS: dict[str, tuple[str, Command]] = {}
+_ARGUMENTS: dict[str, AddArguments] = {}
 
 
-def command(name: str, help: str):
-    def deco(fn):
+def command(name: str, help: str) -> Callable[[Command], Command]:
+    def deco(fn: Command) -> Command:
         _COMMANDS[name] = (help, fn)
         return fn
 
     return deco
 
 
-def arguments(name: str):
-    def deco(fn):
+def arguments(name: str) -> Callable[[AddArguments], AddArguments]:
+    def deco(fn: AddArguments) -> AddArguments:
         _ARGUMENTS[name] = fn
         return fn
 
     return deco
+
+
+def _refuse_existing(path: Path, force: bool) -> None:
+    """The one rule for every output a command writes: an existing file is replaced only with --force."""
+    if path.exists() and not force:
+        raise UserError(f"{path}: exists; pass --force to replace it")
+
+
+def _image_files(items: Sequence[str]) -> list[str]:
+    """Image paths as given, a folder standing for the image files inside it (its subfolders too, hidden ones
+    skipped, sorted by path, as a folder data source reads them). A path that does not exist, or a folder
+    without images, is a UserError naming it."""
+    from .data import IMAGE_EXTENSIONS
+
+    files: list[str] = []
+    for item in items:
+        path = Path(item)
+        if path.is_dir():
+            found = sorted(
+                str(p)
+                for p in path.rglob("*")
+                if p.suffix.lower() in IMAGE_EXTENSIONS
+                and p.is_file()
+                and not any(part.startswith(".") for part in p.relative_to(path).parts)
+            )
+            if not found:
+                raise UserError(f"{item}: no image files in this folder (expected {', '.join(IMAGE_EXTENSIONS)})")
+            files += found
+        elif not path.exists():
+            raise UserFileNotFoundError(f"{item}: no such image file or folder")
+        else:
+            files.append(item)
+    return files
 
 
 # ------------------------------------------------------------------------------------------ models, convert
@@ -95,6 +143,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from .checkpoint.loader import convert, parse_overrides
     from .hub import resolve_checkpoint
 
+    if args.to == "hf":  # before any download or conversion
+        require("transformers", "--to hf")
     src = resolve_checkpoint(args.src)  # a pretrained tag is downloaded first
     out = convert(src, args.dst, to=args.to, force=args.force, **parse_overrides(args.overrides))
     print(f"wrote {out} ({args.to})")
@@ -120,7 +170,7 @@ def _data_overrides(args: argparse.Namespace) -> list[str]:
     return given + [o for o in getattr(args, "overrides", []) if o.strip().startswith("data.")]
 
 
-def _model_overrides(args: argparse.Namespace) -> dict:
+def _model_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """The trailing key=value items that are not data.key=value: fields of the checkpoint's model config
     (num_heads=4, gelu=tanh, img_size=384), applied where the file does not say them or says them otherwise."""
     from .checkpoint.loader import parse_overrides
@@ -131,13 +181,12 @@ def _model_overrides(args: argparse.Namespace) -> dict:
 def _split_files(items: list[str]) -> tuple[list[str], list[str]]:
     """Positional items -> (files, key=value overrides): a key=value item that is not an existing file."""
     import re
-    from pathlib import Path
 
     overrides = [i for i in items if re.match(r"^[A-Za-z_][\w.]*=", i) and not Path(i).exists()]
     return [i for i in items if i not in overrides], overrides
 
 
-def _checkpoint_data(args: argparse.Namespace, metadata: dict, prep) -> tuple:
+def _checkpoint_data(args: argparse.Namespace, metadata: dict[str, Any], prep: Preprocessing) -> tuple[Any, ...]:
     """(DataConfig, train set, evaluation set, DatasetInfo) of the checkpoint, as --data and overrides say."""
     from .data import build_datasets
     from .train.run_eval import checkpoint_data
@@ -160,25 +209,26 @@ def add_fewshot(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--out", help="JSON results file (default: fewshot.json in the run directory, or beside the checkpoint file)"
     )
+    p.add_argument("--force", action="store_true", help="replace an existing results file")
 
 
 @command("fewshot", "few-shot linear evaluation of a frozen model (closed-form ridge regression, paper sec 4.1)")
 def cmd_fewshot(args: argparse.Namespace) -> int:
     import json
-    from pathlib import Path
 
     from .evaluate import fewshot
     from .io import atomic_write_text
     from .predict import load_for_inference
 
+    ckpt = Path(args.checkpoint)
+    out = Path(args.out) if args.out else (ckpt if ckpt.is_dir() else ckpt.parent) / "fewshot.json"
+    _refuse_existing(out, args.force)  # before the model and the features are computed
     model, prep, metadata = load_for_inference(args.checkpoint, **_model_overrides(args))
     cfg, train, test, info = _checkpoint_data(args, metadata, prep)
     result = fewshot(model, train, test, args.shots, args.seeds, args.l2, args.batch_size, info.num_classes)
     print(f"few-shot linear accuracy of {args.checkpoint} on {cfg.source} ({len(train)} train images to draw from)")
     print(result.table())
     doc = {"checkpoint": str(args.checkpoint), "data": cfg.to_dict(), **result.to_dict()}
-    ckpt = Path(args.checkpoint)
-    out = Path(args.out) if args.out else (ckpt if ckpt.is_dir() else ckpt.parent) / "fewshot.json"
     atomic_write_text(out, json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out}")
     return 0
@@ -190,10 +240,13 @@ def add_inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "images",
         nargs="*",
-        help="images to explain (default: a few from the checkpoint's own data); key=value items change model "
-        "fields (num_heads=4) or the data (data.key=value)",
+        help="image files or folders of images to explain (default: a few from the checkpoint's own data); "
+        "key=value items change model fields (num_heads=4) or the data (data.key=value)",
     )
     p.add_argument("--out", required=True, help="directory for the PNG figures and index.md / index.json")
+    p.add_argument(
+        "--force", action="store_true", help="replace an earlier inspection in --out (its figures are removed)"
+    )
     _add_data_source(p)
     p.add_argument("--num-images", type=int, default=4, help="images explained when taken from the data (4)")
     p.add_argument("--distance-images", type=int, default=128, help="data images for the attention distance (128)")
@@ -204,14 +257,17 @@ def add_inspect(p: argparse.ArgumentParser) -> None:
 def cmd_inspect(args: argparse.Namespace) -> int:
     import torch
 
-    from .inspect.report import images_from_dataset, images_from_files, write_inspection
+    from .inspect.report import check_output_dir, images_from_dataset, images_from_files, write_inspection
     from .predict import load_for_inference, read_labels
     from .train.run_eval import NO_DATA, records_data
 
-    args.images, args.overrides = _split_files(args.images)
+    items, args.overrides = _split_files(args.images)
+    args.images = _image_files(items)
+    check_output_dir(args.out, args.force)  # before the model is loaded and the figures drawn
     model, prep, metadata = load_for_inference(args.checkpoint, **_model_overrides(args))
     names = read_labels(args.labels) if args.labels else prep.class_names
-    notes, status, distance_inputs = [], 0, None
+    notes: list[str] = []
+    status, distance_inputs = 0, None
     if args.images:
         images, errors = images_from_files(args.images, prep)
         for err in errors:
@@ -228,11 +284,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         sample = images_from_dataset(eval_set, prep, count, names or info.class_names)
         images, distance_inputs = sample[: args.num_images], torch.stack([im.input for im in sample])
         notes.append(f"images: evaluation images of the {cfg.source} data ({len(sample)} for the distance)")
-    index = write_inspection(model, args.out, images, names, distance_inputs, notes=notes)
+    index = write_inspection(model, args.out, images, names, distance_inputs, notes=notes, force=args.force)
     for entry in index["written"]:
         print(f"wrote {args.out}/{entry['file']}  ({entry['figure']})")
     for entry in index["skipped"]:
         print(f"skipped {entry['figure']}: {entry['reason']}")
+    for name in index["removed"]:
+        print(f"removed {args.out}/{name}  (a figure of the previous index)")
     print(f"index: {args.out}/index.md")
     return status
 
@@ -243,8 +301,8 @@ def add_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "images",
         nargs="+",
-        help="image files (any size: resized by the model's eval preprocessing); key=value items change model "
-        "fields (num_heads=4, gelu=tanh)",
+        help="image files or folders of images (any size: resized by the model's eval preprocessing); key=value "
+        "items change model fields (num_heads=4, gelu=tanh)",
     )
     p.add_argument("--top-k", type=int, default=5, help="classes to show per image (default 5)")
     p.add_argument("--labels", help="class names, one per line (default: from the checkpoint metadata, else indices)")
@@ -258,15 +316,16 @@ def add_predict(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("predict", "top-k classes with probabilities for image files")
+@command("predict", "top-k classes with probabilities for image files (or every image in a folder)")
 def cmd_predict(args: argparse.Namespace) -> int:
     import json
 
     from .predict import format_predictions, load_for_inference, predict_files, read_labels
 
-    args.images, args.overrides = _split_files(args.images)
-    if not args.images:
-        raise UserError("predict: no image files given")
+    items, args.overrides = _split_files(args.images)
+    if not items:
+        raise UserError("no image files given")
+    args.images = _image_files(items)  # a missing file is an error before the model is loaded
     model, prep, _ = load_for_inference(args.checkpoint, **_model_overrides(args))
     names = read_labels(args.labels) if args.labels else None
     if args.fast or args.int8:
@@ -285,6 +344,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 # ---- speed: bench, export ----
+_PEER_MODULES = {"hf": ("transformers",), "onnx": ("onnx", "onnxscript", "onnxruntime")}
+
+
 @arguments("bench")
 def add_bench(p: argparse.ArgumentParser) -> None:
     from .bench import ATTN_IMPLS, DTYPES, MODES, PEERS
@@ -301,6 +363,7 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--force", action="store_true", help="replace an existing --json file")
     p.add_argument("--max-batch", action="store_true", help="find the largest batch within --memory-budget")
     p.add_argument("--memory-budget", default="8GB")
     p.add_argument("--device", help="cpu or cuda (default: cuda when available)")
@@ -311,6 +374,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .bench import BenchConfig, run_bench
     from .fast import tune_cpu_allocator
 
+    if args.json:
+        _refuse_existing(Path(args.json), args.force)  # before minutes of timing
+    for peer in dict.fromkeys(args.compare):  # a missing peer library is named before anything is built
+        for module in _PEER_MODULES.get(peer, ()):
+            require(module, f"--compare {peer}")
     tune_cpu_allocator()  # a benchmark measures the fast setting (freed tensor memory kept for reuse; vitkit.fast)
 
     fields = {k: getattr(args, k) for k in ("model", "img_size", "batch_size", "dtype", "attn", "compile", "mode")}
@@ -348,6 +416,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .hub import load_model
     from .predict import preprocessing_for
 
+    for module in _PEER_MODULES["onnx"]:  # before the model is loaded (or downloaded)
+        require(module, "ONNX export")
     size = {"img_size": args.img_size} if args.img_size else {}
     model, metadata = load_model(args.checkpoint, return_metadata=True, **_model_overrides(args), **size)
     prep = preprocessing_for(model, metadata, source=args.checkpoint, square=False)
@@ -374,6 +444,13 @@ def add_train(p: argparse.ArgumentParser) -> None:
         "typed overrides such as optim.lr=3e-4 schedule.epochs=10 run.resume=true; every key, its type, default "
         "and meaning: vitkit config",
     )
+    p.add_argument(
+        "--data",
+        metavar="DATA",
+        help="the data, as in eval and finetune: a source (digits, synthetic, folder, cifar10, cifar100), an image "
+        "folder DIR/<class>/<images> or a training config .yaml (its data section); applied as data.key=value "
+        "overrides of the config, before the ones given",
+    )
 
 
 def _split_spec(spec: list[str]) -> tuple[str | None, list[str]]:
@@ -383,7 +460,7 @@ def _split_spec(spec: list[str]) -> tuple[str | None, list[str]]:
     return None, spec
 
 
-def _run_training(cfg, command: str) -> int:
+def _run_training(cfg: TrainConfig, command: str) -> int:
     from .train import NonFiniteLossError, TrainingInterrupted, train
 
     try:
@@ -415,9 +492,27 @@ def _run_training(cfg, command: str) -> int:
 @command("train", "train or fine-tune a model from a config (default: a small ViT on the embedded digits)")
 def cmd_train(args: argparse.Namespace) -> int:
     from .train import load_config
+    from .train.config import data_section
 
     config, overrides = _split_spec(args.spec)
+    if args.data is not None:
+        overrides = [*_as_overrides("data", data_section(args.data)), *overrides]
     return _run_training(load_config(config, overrides), "train")
+
+
+def _as_overrides(section: str, values: dict[str, Any]) -> list[str]:
+    """A config section's values as section.key=value strings, in the form the config parser reads."""
+
+    def text(value: Any) -> str:
+        if value is None:
+            return "null"
+        if isinstance(value, bool):
+            return "true" if value else "false"
+        if isinstance(value, (list, tuple)):
+            return ",".join(text(v) for v in value)
+        return str(value)
+
+    return [f"{section}.{key}={text(value)}" for key, value in values.items()]
 
 
 @arguments("finetune")
@@ -503,8 +598,49 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------------- main
+def version() -> str:
+    """The installed distribution's version, or the package's own when it runs from a source tree."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as distribution_version
+
+    try:
+        return distribution_version("vitkit")
+    except PackageNotFoundError:
+        from . import __version__
+
+        return __version__
+
+
+@contextlib.contextmanager
+def _warnings_as_lines(command: str) -> Iterator[None]:
+    """While a command runs, each warning is one line, ``vitkit CMD: warning: ...``, without the file and source
+    line, and a text already shown is not repeated (a config built several times warns each time). The warning
+    filters are left as they are (-W error still raises); the previous handler is back when the command ends."""
+    seen: set[tuple[type[Warning], str]] = set()
+
+    def show(
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
+        text = " ".join(str(message).split())  # one line, whatever the message's own line breaks
+        if (category, text) in seen:
+            return
+        seen.add((category, text))
+        kind = "" if issubclass(category, UserWarning) else f"{category.__name__}: "
+        print(f"vitkit {command}: warning: {kind}{text}", file=file if file is not None else sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vitkit", description="Vision Transformers, faithful to the official code.")
+    parser.add_argument("--version", action="version", version=f"vitkit {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name, (help_text, _) in _COMMANDS.items():
@@ -514,32 +650,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message: Warning | str, category: type[Warning], *args: object, **kwargs: object) -> str:
-    """A library warning as the command shows it: one line, without the source line of the code that raised it."""
-    return f"vitkit: warning: {message}\n"
-
-
 def main(argv: list[str] | None = None) -> int:
-    formatwarning, warnings.formatwarning = warnings.formatwarning, _one_line_warning
-    try:
-        return _main(argv)
-    finally:
-        warnings.formatwarning = formatwarning
-
-
-def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     # argparse matches no positionals after an option (`vitkit eval RUN --data D data.img_size=32`): key=value
-    # items left over belong to the command's trailing `overrides`
+    # items left over belong to the command's trailing `overrides` (train's `spec`)
     if extra:
-        if hasattr(args, "overrides") and all("=" in e and not e.startswith("-") for e in extra):
-            args.overrides = [*args.overrides, *extra]
+        trailing = next((name for name in ("overrides", "spec") if hasattr(args, name)), None)
+        if trailing is not None and all("=" in e and not e.startswith("-") for e in extra):
+            setattr(args, trailing, [*getattr(args, trailing), *extra])
         else:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
     _, fn = _COMMANDS[args.command]
     try:
-        return int(fn(args) or 0)
+        with _warnings_as_lines(args.command):
+            return int(fn(args) or 0)
     except BrokenPipeError:  # the reader went away (`vitkit models | head`): stop quietly, as a piped tool does
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own flush at exit must not fail
         return 141  # 128 + SIGPIPE, the shell's code for it

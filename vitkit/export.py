@@ -27,6 +27,7 @@ from torch import nn
 from .config_of import config_of
 from .errors import UserError, UserFileNotFoundError
 from .io import atomic_write
+from .optional import require
 from .preprocessing import Preprocessing, for_config, from_onnx_metadata
 
 INPUT_NAME = "pixel_values"
@@ -34,12 +35,7 @@ OUTPUT_NAME = "logits"
 
 
 def _require(module: str) -> Any:
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError:
-        raise ImportError(f"ONNX export needs the '{module}' package: pip install 'vitkit[onnx]'") from None
+    return require(module, "ONNX export")
 
 
 def export_onnx(

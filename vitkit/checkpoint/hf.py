@@ -23,6 +23,7 @@ from ..config_of import pair
 from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
 from ..models import ViTConfig
+from ..optional import require
 from ..preprocessing import Preprocessing, class_names_from_labels, for_config, from_hf_processor
 from .base import Checkpoint, config_path, read_config_and_weights, read_config_json
 
@@ -209,6 +210,7 @@ def _check_exportable(model: nn.Module) -> ViTConfig:
 
 def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> transformers.ViTConfig:
     """The transformers.ViTConfig that reproduces a vitkit ViT's numerics (GELU variant, LayerNorm eps)."""
+    require("transformers", "a transformers ViTConfig (convert --to hf)")
     import transformers
 
     cfg = _check_exportable(model)
@@ -283,6 +285,7 @@ def to_hf_model(model: nn.Module) -> transformers.ViTForImageClassification:
     Eager attention, eval mode, on the model's device and dtype. Needs a class-token ViT without pre-logits
     (ViTForImageClassification has none) and with a head (num_classes > 0).
     """
+    require("transformers", "a transformers ViTForImageClassification")
     import transformers
 
     cfg = _check_exportable(model)

@@ -28,19 +28,18 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError
+from ..optional import require
 from ..pixels import unnormalise
 from .config import DataConfig
 
 RANDAUGMENT_GROUPS = 16  # kornia picks one op sequence per call: this many calls per batch give images variety
-KORNIA_HINT = "pip install 'vitkit[augment]' (or pip install kornia)"
 
 
 def load_randaugment(num_ops: int, magnitude: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """kornia's RandAugment(n=num_ops, m=magnitude), or a UserError with the install hint."""
-    try:
-        from kornia.augmentation.auto import RandAugment
-    except ImportError:
-        raise UserError(f"data.randaugment_ops={num_ops} needs the kornia package: {KORNIA_HINT}") from None
+    require("kornia", f"data.randaugment_ops={num_ops}")
+    from kornia.augmentation.auto import RandAugment
+
     return RandAugment(n=num_ops, m=magnitude)
 
 

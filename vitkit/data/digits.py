@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import UserError, UserFileNotFoundError
+from ..optional import require
 from .datasets import stratified_split
 
 DIGITS_PATH = Path(__file__).with_name("digits.npz")
@@ -66,6 +67,7 @@ def digits_to_unit_range(images: np.ndarray, img_size: int) -> torch.Tensor:
 
 def write_digits_npz(path: str | Path = DIGITS_PATH) -> None:
     """Regenerate digits.npz from scikit-learn (development only; the result is committed)."""
+    require("sklearn", "write_digits_npz")
     from sklearn.datasets import load_digits  # development dependency, imported only here
 
     bunch = load_digits()

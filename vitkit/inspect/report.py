@@ -7,6 +7,10 @@ Figures (paper sec 4.5): patch-embedding principal components (Fig 7 left), posi
 image an attention-rollout overlay (Fig 6) and the per-layer, per-head attention maps. What cannot be drawn
 for a model (a hybrid's filters, a model without position embedding, attention without images) is listed
 in the index with the reason.
+
+An earlier inspection in the directory (its index, or figures named as these are) is replaced only with
+``force=True``; its figures that the new index does not list are then removed, so the directory always holds
+exactly what its index lists.
 """
 
 from __future__ import annotations
@@ -103,6 +107,39 @@ def describe(model: VisionTransformer) -> str:
     return f"{stem}ViT D={c.width} L={c.depth} heads={c.num_heads}, /{c.stride[0]} tokens, {size}, {c.classifier}"
 
 
+INDEX_FILES = ("index.json", "index.md")
+# every name write_inspection gives a figure (attention_*.png covers attention_distance.png)
+FIGURE_PATTERNS = (
+    "patch_embedding_pca.png",
+    "position_embedding_similarity.png",
+    "attention_*.png",
+    "rollout_*.png",
+    "map_attention_*.png",
+)
+
+
+def earlier_outputs(out_dir: str | Path) -> list[Path]:
+    """The files of an earlier inspection in out_dir: its index files and every file named as a figure is."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return []
+    found = {out / name for name in INDEX_FILES if (out / name).exists()}
+    found.update(p for pattern in FIGURE_PATTERNS for p in out.glob(pattern) if p.is_file())
+    return sorted(found)
+
+
+def check_output_dir(out_dir: str | Path, force: bool = False) -> None:
+    """Refuse (UserError) to write over an earlier inspection without ``force``; the line names one of its files."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a directory (expected a directory for the figures)")
+    earlier = earlier_outputs(out)
+    if earlier and not force:
+        first = next((p for p in earlier if p.name == "index.json"), earlier[0])
+        more = f" and {len(earlier) - 1} more file(s) of an earlier inspection" if len(earlier) > 1 else ""
+        raise UserError(f"{first}: exists{more}; pass --force (force=True) to replace them")
+
+
 def _slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "image"
 
@@ -140,18 +177,42 @@ def write_inspection(
     distance_inputs: torch.Tensor | None = None,
     num_components: int = 28,
     notes: Sequence[str] = (),
+    force: bool = False,
 ) -> dict[str, Any]:
-    """Write the inspection figures of a ViT into out_dir, plus index.md / index.json; returns the index.
+    """Write the inspection figures of a ViT into out_dir, plus index.md / index.json; returns the index, with
+    ``removed``: the figures of an earlier inspection that the new index does not list (deleted).
 
     ``images`` get a rollout and an attention-map figure each; the attention distance is averaged over
-    ``distance_inputs`` (B, C, H, W) when given (the paper uses 128 images), else over ``images``.
+    ``distance_inputs`` (B, C, H, W) when given (the paper uses 128 images), else over ``images``. An earlier
+    inspection in out_dir is a UserError unless ``force`` (see check_output_dir).
     """
     if not isinstance(model, VisionTransformer):
         raise UserError(f"inspect: needs a VisionTransformer, got {type(model).__name__} (no attention to show)")
+    check_output_dir(out_dir, force)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index, title = _Index(out), describe(model)  # the figures run the model in eval mode (record_attention)
+    doc = _draw(model, index, title, images, class_names, distance_inputs, num_components, notes)
+    # the new index is saved: what an earlier one listed and this one does not goes
+    kept = {w["file"] for w in doc["written"]} | set(INDEX_FILES)
+    removed = [p for p in earlier_outputs(out) if p.name not in kept]
+    for p in removed:
+        p.unlink()
+    return {**doc, "removed": [p.name for p in removed]}
 
+
+def _draw(
+    model: VisionTransformer,
+    index: _Index,
+    title: str,
+    images: Sequence[InspectionImage],
+    class_names: Sequence[str] | None,
+    distance_inputs: torch.Tensor | None,
+    num_components: int,
+    notes: Sequence[str],
+) -> dict[str, Any]:
+    """Every figure write_inspection draws, added to the index; returns the saved index."""
+    out = index.out
     try:
         comps, explained = patch_filter_components(model, num_components)
         path = figures.plot_patch_components(comps.numpy(), explained.numpy(), out / "patch_embedding_pca.png")

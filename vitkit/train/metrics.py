@@ -20,15 +20,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from ..errors import UserError
 from ..io import append_text, atomic_write, atomic_write_text
+from ..optional import require
 
 if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: runs without plots never load it
     from matplotlib.figure import Figure
 
 METRICS_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
-TENSORBOARD_HINT = "pip install 'vitkit[tensorboard]' (or pip install tensorboard)"
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[int]:
@@ -48,10 +47,9 @@ class MetricsLog:
 
     def open_tensorboard(self, purge_step: int | None = None) -> None:
         """Also write scalars to run_dir/tensorboard; events past purge_step (a resumed run's) are discarded."""
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError:
-            raise UserError(f"run.tensorboard=true needs the tensorboard package: {TENSORBOARD_HINT}") from None
+        require("tensorboard", "run.tensorboard=true")
+        from torch.utils.tensorboard import SummaryWriter
+
         self.writer = SummaryWriter(str(self.path.parent / TENSORBOARD_DIR), purge_step=purge_step or None)
 
     def write(self, record: dict[str, Any]) -> None:

@@ -1,0 +1,62 @@
+"""Optional dependencies: one road from "this feature needs a package you do not have" to the install line.
+
+    onnx = require("onnx", "ONNX export")   # the module, or MissingDependencyError:
+    # "ONNX export needs the onnx package: pip install 'vitkit[onnx]'"
+
+The extras are pyproject's optional-dependencies (onnx, bench, augment, tensorboard; dev for development-only
+tools). A missing package is a user's to install, so the error is a UserError (one line, exit status 2 on the
+command line); it is also an ImportError, so code that catches ImportError keeps working.
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+from .errors import UserError
+
+# module -> the extra that installs it (pyproject.toml [project.optional-dependencies])
+EXTRAS = {
+    "onnx": "onnx",
+    "onnxruntime": "onnx",
+    "onnxscript": "onnx",
+    "transformers": "bench",
+    "kornia": "augment",
+    "tensorboard": "tensorboard",
+    "sklearn": "dev",
+    "scipy": "dev",
+}
+
+# the package name pip knows, where it is not the module's
+PACKAGES = {"sklearn": "scikit-learn"}
+
+
+class MissingDependencyError(UserError, ImportError):
+    """An optional package a feature needs is not installed; the message names the pip line that installs it."""
+
+
+def install_hint(module: str) -> str:
+    """The pip line that provides a module: "pip install 'vitkit[onnx]'"."""
+    top = module.split(".")[0]
+    if top not in EXTRAS:
+        raise KeyError(f"{module!r} is not an optional dependency of vitkit (known: {', '.join(EXTRAS)})")
+    return f"pip install 'vitkit[{EXTRAS[top]}]'"
+
+
+def require(module: str, purpose: str) -> ModuleType:
+    """Import an optional module, or raise MissingDependencyError naming ``purpose`` and the pip line.
+
+    ``purpose`` says what needs it, as the user asked for it: "ONNX export", "--compare hf" (after the
+    command line's "vitkit bench: error: "), "run.tensorboard=true".
+    """
+    hint = install_hint(module)  # an unknown module is a bug here, found before any import is tried
+    try:
+        __import__(module)  # the import statement's own road (what a test that hides a package replaces)
+    except ImportError as e:
+        top = module.split(".")[0]
+        missing = e.name.split(".")[0] if e.name else top
+        if missing != top:  # the package is there but one of its own imports fails: a broken install, shown as is
+            raise
+        package = PACKAGES.get(top, top)
+        raise MissingDependencyError(f"{purpose} needs the {package} package: {hint}") from None
+    return sys.modules[module]
