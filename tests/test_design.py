@@ -201,11 +201,18 @@ def _imports(path: Path, package: str | None = None) -> set[str]:
             module = ".".join([*base, *([node.module] if node.module else [])])
             if node.module:
                 found.add(module)
-            else:  # from . import a, b: the modules a and b
-                found.update(f"{module}.{alias.name}" for alias in node.names)
+            else:  # from . import a, b: the modules a and b, or names the package itself defines
+                found.update(_module_or_package(module, alias.name) for alias in node.names)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
     return {m for m in found if m == "vitkit" or m.startswith("vitkit.")}
+
+
+def _module_or_package(package: str, name: str) -> str:
+    """``from package import name``: the module package.name where there is one, else the package itself."""
+    folder = PACKAGE.parent.joinpath(*package.split("."))
+    is_module = (folder / f"{name}.py").exists() or (folder / name / "__init__.py").exists()
+    return f"{package}.{name}" if is_module or not folder.is_dir() else package
 
 
 def _floor(module: str) -> int:
