@@ -408,7 +408,7 @@ def test_models_lists_the_pretrained_tags(tagged, capsys):
     vitkit.load_model("vit_ti16.test_npz")
     assert main(["models", "--pretrained", "test_npz"]) == 0
     row = capsys.readouterr().out.splitlines()[1].split()
-    assert row[:4] == ["vit_ti16.test_npz", "16", "imagenet-1k", "yes"]
+    assert row[:5] == ["vit_ti16.test_npz", "16", "imagenet-1k", "cached", "(verified)"]
     assert main(["models", "--pretrained", "nothing-like-this"]) == 2
 
 

@@ -1,0 +1,84 @@
+"""Every exporter either writes files that read back as the same model (same config, same outputs on a random
+input) or refuses the model in one line naming the field it cannot hold: model layouts x formats."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vitkit import UserError
+from vitkit.checkpoint.loader import convert, read_model
+from vitkit.config_of import config_of
+from vitkit.models.registry import model_from_config
+
+TINY = dict(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=5)
+LAYOUTS: dict[str, dict] = {
+    "token": {},
+    "gap": dict(classifier="gap"),
+    "map": dict(classifier="map"),
+    "first": dict(classifier="first"),
+    "pre_logits": dict(representation_size=24),
+    "pre_logits_features": dict(representation_size=24, num_classes=0),
+    "hybrid": dict(resnet_layers=(1,), resnet_width=0.5, patch_size=1),
+    "sincos": dict(pos_embed="sincos_2d"),
+    "learned_2d": dict(pos_embed="learned_2d"),
+    "non_square_32x48": dict(img_size=(32, 48), patch_size=8),
+    "gelu_exact": dict(gelu="exact"),
+    "ln_eps_1e-12": dict(ln_eps=1e-12),
+    "relative": dict(pos_embed="relative"),
+    "bit": dict(arch="bit", layers=(1, 1), width_factor=0.5, num_classes=5, img_size=32),
+}
+# the fields of a config that are the function it computes (training switches such as dropout are not)
+TRAINING = ("dropout", "attn_dropout", "drop_path", "grad_checkpointing", "attn_impl")
+
+# what each format cannot hold: these must be refused; every other pair must round-trip
+REFUSED = {
+    "vitkit": set(),
+    "hf": {"gap", "map", "first", "pre_logits", "hybrid", "sincos", "learned_2d", "relative", "bit"},
+    "timm": {"map", "first", "sincos", "learned_2d", "relative", "bit"},
+    "official": {"first", "sincos", "learned_2d", "non_square_32x48", "gelu_exact", "ln_eps_1e-12", "relative", "bit"},
+}
+
+
+def build(layout: str) -> torch.nn.Module:
+    fields = dict(LAYOUTS[layout])
+    config = fields if fields.get("arch") == "bit" else {**TINY, **fields}
+    torch.manual_seed(0)
+    model = model_from_config(config).eval()
+    with torch.no_grad():  # no zero-initialised parameter: every weight is seen to travel
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def function_of(model: torch.nn.Module) -> dict:
+    return {k: v for k, v in config_of(model).to_dict().items() if k not in TRAINING}
+
+
+@pytest.mark.parametrize("to", sorted(REFUSED))
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_every_export_reads_back_as_the_same_model_or_is_refused(layout, to, tmp_path):
+    model = build(layout)
+    src = tmp_path / "src"
+    convert_from = _save(model, src)
+    dst = tmp_path / "out"
+    if layout in REFUSED[to]:
+        with pytest.raises(UserError) as err:
+            convert(convert_from, dst, to=to)
+        assert "\n" not in str(err.value)
+        assert not dst.exists() or not any(dst.iterdir()), "a refused export wrote something"
+        return
+    written = convert(convert_from, dst, to=to)
+    back, _ = read_model(written)
+    assert function_of(back) == function_of(model)
+    cfg = config_of(model)
+    h, w = cfg.img_size if isinstance(cfg.img_size, tuple) else (cfg.img_size, cfg.img_size)
+    x = torch.randn(2, 3, h, w, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(back.eval()(x), model(x), atol=1e-5, rtol=0)
+
+
+def _save(model, directory):
+    from vitkit.checkpoint.native import save_pretrained
+
+    return save_pretrained(model, directory)
