@@ -82,3 +82,40 @@ def _save(model, directory):
     from vitkit.checkpoint.native import save_pretrained
 
     return save_pretrained(model, directory)
+
+
+def test_convert_to_timm_of_a_map_model_exits_2_with_one_line_and_writes_nothing(tmp_path, capsys):
+    from vitkit.cli import main
+
+    src = _save(build("map"), tmp_path / "map")
+    assert main(["convert", str(src), str(tmp_path / "out"), "--to", "timm"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "classifier='map'" in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "layout, field",
+    [("gelu_exact", "gelu='exact'"), ("ln_eps_1e-12", "ln_eps=1e-12"), ("sincos", "pos_embed='sincos_2d'")],
+)
+def test_the_official_format_refuses_what_it_would_silently_change(layout, field, tmp_path):
+    with pytest.raises(UserError, match=f"official export: {field}"):
+        convert(_save(build(layout), tmp_path / "src"), tmp_path / "out.npz", to="official")
+    assert not (tmp_path / "out.npz").exists()
+
+
+def test_a_directory_with_config_json_and_no_weights_names_the_missing_file(tmp_path):
+    directory = _save(build("token"), tmp_path / "ckpt")
+    (directory / "model.safetensors").unlink()
+    with pytest.raises(UserError) as err:
+        read_model(directory)
+    assert str(err.value).startswith(f"{directory / 'model.safetensors'}: missing")
+
+
+def test_onnx_export_refuses_a_size_of_zero_in_one_line(tmp_path):
+    from vitkit.export import export_onnx
+
+    with pytest.raises(UserError) as err:
+        export_onnx(build("token"), tmp_path / "m.onnx", img_size=0)
+    assert str(err.value) == "export: img_size=0; expected a positive number of pixels (or none: the model's)"
+    assert not (tmp_path / "m.onnx").exists()

@@ -26,11 +26,24 @@ copies also declare.
 
 Downloads go to one cache directory: ``$VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit``, else
 ``~/.cache/vitkit``. A URL file is saved under the path of its URL there; it is written to a temporary name
-and renamed only when complete (and its checksum, where known, matches), under a lock file, so an
-interrupted or concurrent download never leaves a partial file under the final name. Hub files go through
+and renamed only when it is checked (its announced length, its size exact or as listed, its checksum where
+known, and that it reads as its format: an .npz whose members all read back, with that format's arrays), under
+a lock file, so an interrupted, concurrent or bad download never leaves a file under the final name; what a
+killed one left is removed by the next, and one download has an overall deadline (``$VITKIT_DOWNLOAD_DEADLINE``
+seconds, 4 hours by default) so a server that trickles bytes cannot hold it forever. Hub files go through
 huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars) into its own cache, or into
 ``$VITKIT_CACHE/huggingface`` when VITKIT_CACHE is set; a copy put by hand at ``<cache>/<repo>/<file>`` is
 used first. A file in the cache is used without any network access.
+
+A tag means one file. A cached file is checked before each use: never verified yet, by its listed size and
+that it reads as its format; once verified, against the sha256 recorded then. The first load of a file checks
+it against its row (``check_against_row``: every architecture field the registry row and the row's config imply,
+its class count and resolution) and refuses another model in one line naming the file and the tag; a file that
+fits gets its sha256 recorded beside it (``<file>.verified.json``), so a file changed later is named with how to
+download it anew rather than loaded. Sizes: the rows' ``listed_size`` are the hosts' own listings (the
+gs://vit_models listing in vit_jax.ipynb, the AugReg README table, the Hub's file pages); a row without one has
+no size published where its file is listed (the AugReg ImageNet-1k fine-tunes, the B/8 AugReg files, the BiT
+files) and is checked by its format and, once verified, its sha256 only.
 
 ImageNet-1k class names (data/imagenet1k_classes.txt) are the WordNet lemmas of the 1000 synsets in their
 standard (sorted) order, as timm's imagenet_synsets.txt and imagenet_synset_to_lemma.txt list them; the one
@@ -91,8 +104,9 @@ class PretrainedRow:
     hub_files: tuple[str, ...] = ()  # ... and its files (for "hf": config.json first, then the weights)
     revision: str = "main"
     sha256: str | None = None  # of the (weights) file, when published; checked after each download
-    size: int | None = None  # bytes, when published; checked after each download
-    listed_size: str | None = None  # as the host lists it (rounded), for display only
+    size: int | None = None  # bytes, when published; checked after each download and before each use
+    listed_size: str | None = None  # as the host lists it (rounded); None: no published size. Checked within
+    # its rounding (listed_bounds) after each download and before each use
     img_size: int = 224  # evaluation input size
     mean: tuple[float, ...] = HALF
     std: tuple[float, ...] = HALF
