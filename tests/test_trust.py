@@ -179,6 +179,18 @@ def test_an_unreadable_cached_file_says_so_and_how_to_remove_it(server, cache, m
     assert "cached (unreadable)" in capsys.readouterr().out
 
 
+def test_a_file_put_by_hand_is_held_to_the_published_checksum(server, cache):
+    data = npz_bytes(tiny_model())
+    row = row_at(server, "/w/tiny.npz", sha256=hashlib.sha256(data).hexdigest())
+    path = cache / "w" / "tiny.npz"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(npz_bytes(vitkit.VisionTransformer(**TINY)))  # readable, of the right model, another file
+    with pytest.raises(UserError, match=f"not the published file of {row.tag} \\(sha256 [0-9a-f]{{64}}, published"):
+        fetch(row)
+    path.write_bytes(data)
+    assert fetch(row)[0] == path
+
+
 def test_listed_sizes_stand_for_the_range_their_rounding_allows():
     lo, hi = released.listed_bounds("393.69 MiB")
     assert lo <= 393.69 * 2**20 <= hi and hi < 393.71 * 2**20 and lo > 393.67 * 2**20

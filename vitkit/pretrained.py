@@ -419,19 +419,21 @@ def listed_bounds(listed: str) -> tuple[int, int]:
     return int((value - step) * _UNITS[unit]), int(round((value + step) * _UNITS[unit]))
 
 
+def fits_listed(size: int, listed: str) -> bool:
+    """Whether a file of ``size`` bytes is the size a host lists (within the listing's rounding)."""
+    lo, hi = listed_bounds(listed)
+    return lo <= size <= hi
+
+
 def _check_file(path: Path, source: str, sha256: str | None, size: int | None, listed: str | None = None) -> None:
     """A downloaded file against its published size (exact, or as listed) and checksum; a mismatch deletes it."""
     got_size = path.stat().st_size
     if size is not None and got_size != size:
         path.unlink(missing_ok=True)
         raise UserError(f"{source}: expected {size} bytes, got {got_size}; the download was deleted")
-    if listed is not None:
-        lo, hi = listed_bounds(listed)
-        if not lo <= got_size <= hi:
-            path.unlink(missing_ok=True)
-            raise UserError(
-                f"{source}: expected about {listed} as listed, got {got_size} bytes; the download was deleted"
-            )
+    if listed is not None and not fits_listed(got_size, listed):
+        path.unlink(missing_ok=True)
+        raise UserError(f"{source}: expected about {listed} as listed, got {got_size} bytes; the download was deleted")
     if sha256 is not None:
         got = _sha256(path)
         if got != sha256.lower():
@@ -780,38 +782,48 @@ def _remedy(row: PretrainedRow, weights: Path) -> str:
 
 def verify_cached(row: PretrainedRow, path: Path) -> None:
     """A cached file of ``row`` is what was verified before (its recorded sha256), or, never verified yet, of its
-    listed size and readable as its format; else a one-line UserError naming it and how to download it anew."""
+    listed size, readable as its format and of its published sha256; else a one-line UserError naming it and how
+    to download it anew."""
+    problem = _cache_problem(row, path)
+    if problem is not None:
+        raise UserError(problem[1])
+
+
+def _cache_problem(row: PretrainedRow, path: Path) -> tuple[str, str] | None:
+    """What is wrong with a cached file, as (status for listings, one-line message), or None."""
     import json
 
     weights = weights_file(row, path)
+    remedy = _remedy(row, weights)
     record = _sidecar(weights)
     if record.is_file():
         try:
-            recorded = json.loads(record.read_text(encoding="utf-8"))
-            want = str(recorded["sha256"])
+            want = str(json.loads(record.read_text(encoding="utf-8"))["sha256"])
         except (ValueError, KeyError, TypeError, OSError):
             record.unlink(missing_ok=True)  # a damaged record proves nothing: the file is checked afresh below
         else:
-            if _sha256(weights) != want:
-                raise UserError(
-                    f"{weights}: the cached file of {row.tag} changed since it was first verified (sha256 "
-                    f"{want[:12]}... recorded); {_remedy(row, weights)}"
-                )
-            return
+            if _sha256(weights) == want:
+                return None
+            return "changed", (
+                f"{weights}: the cached file of {row.tag} changed since it was first verified (sha256 {want[:12]}... "
+                f"recorded); {remedy}"
+            )
     problems = []
-    if row.size is not None and weights.stat().st_size != row.size:
-        problems.append(f"{weights.stat().st_size} bytes, expected {row.size}")
-    elif row.listed_size is not None:
-        lo, hi = listed_bounds(row.listed_size)
-        if not lo <= weights.stat().st_size <= hi:
-            problems.append(f"{weights.stat().st_size} bytes, listed as {row.listed_size}")
+    got_size = weights.stat().st_size
+    if row.size is not None and got_size != row.size:
+        problems.append(f"{got_size} bytes, expected {row.size}")
+    elif row.listed_size is not None and not fits_listed(got_size, row.listed_size):
+        problems.append(f"{got_size} bytes, listed as {row.listed_size}")
     reason = unreadable(weights, row.format)
     if reason:
         problems.append(reason)
     if problems:
-        raise UserError(
-            f"{weights}: the cached file of {row.tag} is unreadable ({'; '.join(problems)}); {_remedy(row, weights)}"
+        return "unreadable", f"{weights}: the cached file of {row.tag} is unreadable ({'; '.join(problems)}); {remedy}"
+    if row.sha256 is not None and (got := _sha256(weights)) != row.sha256.lower():
+        return "wrong file", (
+            f"{weights}: not the published file of {row.tag} (sha256 {got}, published {row.sha256}); {remedy}"
         )
+    return None
 
 
 # the config fields a row implies (registry row + row.config) that its file must agree with
@@ -874,13 +886,12 @@ def read_pretrained(row: PretrainedRow, progress: bool = True) -> Checkpoint:
 
 def cache_status(row: PretrainedRow) -> str:
     """For listings: "no", "cached (verified)" (its recorded sha256 matches), "cached (unverified)" (not loaded
-    yet), "cached (changed)" (differs from what was verified) or "cached (unreadable)"."""
+    yet), "cached (changed)" (differs from what was verified), "cached (wrong file)" (not the published sha256)
+    or "cached (unreadable)" (not of its listed size, or not readable as its format)."""
     path = cached_path(row)
     if path is None:
         return "no"
-    weights = weights_file(row, path)
-    try:
-        verify_cached(row, path)
-    except UserError as e:
-        return "cached (changed)" if "changed since" in str(e) else "cached (unreadable)"
-    return "cached (verified)" if _sidecar(weights).is_file() else "cached (unverified)"
+    problem = _cache_problem(row, path)
+    if problem is not None:
+        return f"cached ({problem[0]})"
+    return "cached (verified)" if _sidecar(weights_file(row, path)).is_file() else "cached (unverified)"
