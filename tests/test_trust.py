@@ -312,7 +312,10 @@ def test_a_full_disk_during_a_download_is_one_line_naming_the_file(server, cache
     with pytest.raises(UserError) as e:
         fetch(row_at(server, "/w/tiny.npz"))
     path = cache / "w" / "tiny.npz"
-    assert one_line(e).startswith(f"{path}: could not be written (No space left on device)")
+    assert one_line(e) == (
+        f"{path}: could not be written (No space left on device); free space in {path.parent} or set VITKIT_CACHE to "
+        "another disk; no file was saved"
+    )
     assert not path.exists() and leftovers(cache) == []
 
 

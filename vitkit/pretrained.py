@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import errno
 import fnmatch
 import hashlib
 import os
@@ -587,6 +588,7 @@ class _DiskError(Exception):
 
     def __init__(self, error: OSError) -> None:
         super().__init__(error.strerror or str(error))
+        self.errno = error.errno
 
 
 class _Expired(Exception):
@@ -601,30 +603,40 @@ def _fetch(url: str, tmp: Path, dst: Path, progress: bool, deadline: float) -> N
 
     started = time.monotonic()
     try:
-        with (
-            httpx2.Client(follow_redirects=True, max_redirects=10, timeout=httpx2.Timeout(READ_TIMEOUT)) as client,
-            client.stream("GET", url, headers={"Accept-Encoding": "identity"}) as response,
-        ):
+        with contextlib.ExitStack() as stack:
+            try:
+                out = stack.enter_context(open(tmp, "wb"))
+            except OSError as e:
+                raise _DiskError(e) from e
+            client = httpx2.Client(follow_redirects=True, max_redirects=10, timeout=httpx2.Timeout(READ_TIMEOUT))
+            stack.enter_context(client)
+            response = stack.enter_context(client.stream("GET", url, headers={"Accept-Encoding": "identity"}))
             if response.status_code != 200:
                 raise UserError(f"{url}: HTTP {response.status_code} {response.reason_phrase}; no file was saved")
             announced = response.headers.get("Content-Length")
             total = int(announced) if announced and announced.isdigit() else None
             bar = _progress_bar(dst.name, total, progress)
             got = 0
-            with open(tmp, "wb") as f, bar:
+            with bar:
                 for chunk in response.iter_raw():
                     try:
-                        f.write(chunk)
+                        out.write(chunk)
                     except OSError as e:
                         raise _DiskError(e) from e
                     got += len(chunk)
                     bar.update(len(chunk))
                     if time.monotonic() - started > deadline:
                         raise _Expired
+            try:
+                out.flush()  # so that closing the file has nothing left to write (and fail on)
+            except OSError as e:
+                raise _DiskError(e) from e
             if total is not None and got < total:
                 raise httpx2.RemoteProtocolError(f"received {got} of {total} bytes")
     except _DiskError as e:
-        raise UserError(f"{dst}: could not be written ({e}); free space in {dst.parent} or set VITKIT_CACHE") from None
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        hint = f"; free space in {dst.parent} or set VITKIT_CACHE to another disk" if full else ""
+        raise UserError(f"{dst}: could not be written ({e}){hint}; no file was saved") from None
     except _Expired:
         raise UserError(
             f"{url}: the download took over {deadline:g} s (the server is too slow, or stalls); no file was saved; "
