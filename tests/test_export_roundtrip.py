@@ -119,3 +119,12 @@ def test_onnx_export_refuses_a_size_of_zero_in_one_line(tmp_path):
         export_onnx(build("token"), tmp_path / "m.onnx", img_size=0)
     assert str(err.value) == "export: img_size=0; expected a positive number of pixels (or none: the model's)"
     assert not (tmp_path / "m.onnx").exists()
+
+
+def test_a_non_square_onnx_export_carries_its_preprocessing_and_computes_the_model(tmp_path):
+    from vitkit.export import check_onnx, export_onnx, read_preprocessing
+
+    model = build("non_square_32x48")
+    path = export_onnx(model, tmp_path / "m.onnx")
+    assert read_preprocessing(path).img_size == (32, 48)  # before, a non-square export carried no record
+    assert check_onnx(path, model, batch_sizes=(2,), atol=1e-5) <= 1e-5

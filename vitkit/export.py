@@ -72,7 +72,7 @@ def export_onnx(
     if path.exists() and not force:
         raise UserError(f"{path}: exists; pass --force (force=True) to replace it")
     prep = preprocessing or for_config({}, config.to_dict(), source="the model")
-    props = replace(prep, img_size=h).to_onnx_metadata() if h == w else {}
+    props = replace(prep, img_size=h if h == w else (h, w)).to_onnx_metadata()  # the record at the exported size
     model = _fp32_eval(model)
     example = torch.zeros(2, config.in_chans, h, w, device=next(model.parameters()).device)
     batch = torch.export.Dim("batch", min=1, max=4096)
