@@ -802,7 +802,8 @@ def verify_cached(row: PretrainedRow, path: Path) -> None:
 
 
 def _cache_problem(row: PretrainedRow, path: Path) -> tuple[str, str] | None:
-    """What is wrong with a cached file, as (status for listings, one-line message), or None."""
+    """What is wrong with a cached file, as (status for listings, one-line message), or None. A verified file is
+    compared with its record's size, then its sha256 (about a second per gigabyte)."""
     import json
 
     weights = weights_file(row, path)
@@ -810,11 +811,12 @@ def _cache_problem(row: PretrainedRow, path: Path) -> tuple[str, str] | None:
     record = _sidecar(weights)
     if record.is_file():
         try:
-            want = str(json.loads(record.read_text(encoding="utf-8"))["sha256"])
+            recorded = json.loads(record.read_text(encoding="utf-8"))
+            want, size = str(recorded["sha256"]), int(recorded["size"])
         except (ValueError, KeyError, TypeError, OSError):
             record.unlink(missing_ok=True)  # a damaged record proves nothing: the file is checked afresh below
         else:
-            if _sha256(weights) == want:
+            if weights.stat().st_size == size and _sha256(weights) == want:
                 return None
             return "changed", (
                 f"{weights}: the cached file of {row.tag} changed since it was first verified (sha256 {want[:12]}... "
@@ -897,9 +899,9 @@ def read_pretrained(row: PretrainedRow, progress: bool = True) -> Checkpoint:
 
 
 def cache_status(row: PretrainedRow) -> str:
-    """For listings: "no", "cached (verified)" (its recorded sha256 matches), "cached (unverified)" (not loaded
-    yet), "cached (changed)" (differs from what was verified), "cached (wrong file)" (not the published sha256)
-    or "cached (unreadable)" (not of its listed size, or not readable as its format)."""
+    """For listings: "no", "cached (verified)" (its sha256 is the one recorded at its first load), "cached
+    (unverified)" (not loaded yet), "cached (changed)" (differs from what was verified), "cached (wrong file)"
+    (not the published sha256) or "cached (unreadable)" (not of its listed size, or not readable as its format)."""
     path = cached_path(row)
     if path is None:
         return "no"
