@@ -499,7 +499,10 @@ def _bad_safetensors(path: Path) -> str | None:
             return "not a safetensors file (its header is not JSON)"
     if not isinstance(header, dict):
         return "not a safetensors file (its header is not a JSON object)"
-    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__" and isinstance(v, dict)]
+    try:
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return "not a safetensors file (a tensor entry without data_offsets)"
     if 8 + n + max(ends, default=0) != total:
         return f"truncated or padded: the tensors end at byte {8 + n + max(ends, default=0)}, the file at {total}"
     return None
