@@ -128,3 +128,13 @@ def test_a_non_square_onnx_export_carries_its_preprocessing_and_computes_the_mod
     path = export_onnx(model, tmp_path / "m.onnx")
     assert read_preprocessing(path).img_size == (32, 48)  # before, a non-square export carried no record
     assert check_onnx(path, model, batch_sizes=(2,), atol=1e-5) <= 1e-5
+
+
+def test_export_cli_with_img_size_0_is_one_line_and_writes_nothing(tmp_path, capsys):
+    from vitkit.cli import main
+
+    src = _save(build("token"), tmp_path / "ckpt")
+    assert main(["export", str(src), "--onnx", str(tmp_path / "m.onnx"), "--img-size", "0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "img_size" in err  # before, 0 meant "the model's own size" and exited 0
+    assert not (tmp_path / "m.onnx").exists()
