@@ -328,6 +328,26 @@ def test_hub_errors_name_the_url(hub, server, cache):
     assert released.cached_path(row) is None  # the bad file is gone from the Hub cache too
 
 
+def test_a_damaged_hub_file_is_named_with_its_blob_to_remove(hub, server, cache, monkeypatch, capsys):
+    row = hub_row()
+    monkeypatch.setitem(PRETRAINED, row.tag, row)
+    vitkit.load_model(row.tag)  # verified: its sha256 is recorded beside the snapshot's file
+    weights = released.cached_path(row) / "model.safetensors"
+    assert weights.with_name(weights.name + released.VERIFIED_SUFFIX).is_file()
+    blob = weights.resolve()
+    blob.write_bytes(blob.read_bytes()[:-10])  # a truncated blob
+    with pytest.raises(UserError) as e:
+        vitkit.load_model(row.tag)
+    message = one_line(e)
+    assert message.startswith(f"{weights}: the cached file of {row.tag} changed since it was first verified")
+    assert f"rm '{weights}' '{blob}'" in message
+    weights.with_name(weights.name + released.VERIFIED_SUFFIX).unlink()  # never verified: read for what it is
+    with pytest.raises(UserError, match="is unreadable \\(truncated or padded"):
+        vitkit.load_model(row.tag)
+    assert main(["models", "--pretrained", "test_hub"]) == 0
+    assert "cached (unreadable)" in capsys.readouterr().out
+
+
 def test_a_timm_file_by_tag_is_built_as_the_table_says_without_guessing(hub, server, cache, monkeypatch, tmp_path):
     from safetensors.torch import save_file
 
@@ -408,7 +428,7 @@ def test_models_lists_the_pretrained_tags(tagged, capsys):
     vitkit.load_model("vit_ti16.test_npz")
     assert main(["models", "--pretrained", "test_npz"]) == 0
     row = capsys.readouterr().out.splitlines()[1].split()
-    assert row[:4] == ["vit_ti16.test_npz", "16", "imagenet-1k", "yes"]
+    assert row[:5] == ["vit_ti16.test_npz", "16", "imagenet-1k", "cached", "(verified)"]
     assert main(["models", "--pretrained", "nothing-like-this"]) == 2
 
 

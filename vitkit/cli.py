@@ -98,17 +98,17 @@ def add_models(p: argparse.ArgumentParser) -> None:
 @command("models", "list the registered models with their parameter counts, or (--pretrained) released weights")
 def cmd_models(args: argparse.Namespace) -> int:
     if args.pretrained:
-        from .pretrained import cached_path, get_pretrained, list_pretrained
+        from .pretrained import cache_status, get_pretrained, list_pretrained
 
         tags = list_pretrained(args.pattern)
         if not tags:
             raise UserError(f"no pretrained weights match {args.pattern!r}; see `vitkit models --pretrained`")
         rows = [get_pretrained(t) for t in tags]
         width = max(len(t) for t in tags)
-        print(f"{'tag':<{width}}  {'res':>4}  {'classes':<12}  {'cached':<6}  source")
+        print(f"{'tag':<{width}}  {'res':>4}  {'classes':<12}  {'cached':<19}  source")
         for row in rows:
-            cached = "yes" if cached_path(row) is not None else "no"
-            print(f"{row.tag:<{width}}  {row.img_size:>4}  {row.classes:<12}  {cached:<6}  {row.source}")
+            cached = cache_status(row)  # "no", "cached (verified)", "cached (unreadable)", ...
+            print(f"{row.tag:<{width}}  {row.img_size:>4}  {row.classes:<12}  {cached:<19}  {row.source}")
         return 0
 
     import torch
@@ -418,7 +418,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     for module in _PEER_MODULES["onnx"]:  # before the model is loaded (or downloaded)
         require(module, "ONNX export")
-    size = {"img_size": args.img_size} if args.img_size else {}
+    size = {"img_size": args.img_size} if args.img_size is not None else {}
     model, metadata = load_model(args.checkpoint, return_metadata=True, **_model_overrides(args), **size)
     prep = preprocessing_for(model, metadata, source=args.checkpoint, square=False)
     path = export_onnx(model, args.onnx, opset=args.opset, force=args.force, int8=args.int8, preprocessing=prep)

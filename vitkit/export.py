@@ -57,16 +57,18 @@ def export_onnx(
     name), and an existing file is replaced only with ``force``. ``int8``: the fp32 graph is then dynamically
     quantised by onnxruntime (quantize_int8_onnx), as vitkit.fast's int8 path quantises the Linear layers.
     """
+    config = config_of(model)
+    size = config.img_size if img_size is None else img_size
+    h, w = (size, size) if isinstance(size, int) else size
+    if not (isinstance(h, int) and isinstance(w, int) and h > 0 and w > 0):
+        raise UserError(f"export: img_size={img_size!r}; expected a positive number of pixels (or none: the model's)")
     _require("onnx")
     _require("onnxscript")
     path = Path(path)
     if path.exists() and not force:
         raise UserError(f"{path}: exists; pass --force (force=True) to replace it")
-    config = config_of(model)
-    size = img_size or config.img_size
-    h, w = (size, size) if isinstance(size, int) else size
     prep = preprocessing or for_config({}, config.to_dict(), source="the model")
-    props = replace(prep, img_size=h).to_onnx_metadata() if h == w else {}
+    props = replace(prep, img_size=h if h == w else (h, w)).to_onnx_metadata()  # the record at the exported size
     model = _fp32_eval(model)
     example = torch.zeros(2, config.in_chans, h, w, device=next(model.parameters()).device)
     batch = torch.export.Dim("batch", min=1, max=4096)

@@ -183,8 +183,7 @@ _UNSTATED = ("num_heads", "gelu", "ln_eps")
 def _read_row(row: released.PretrainedRow) -> Checkpoint:
     """The one place a pretrained row's settings meet its file: the config fields the file leaves unsaid (no
     longer guessed), and the row's preprocessing, classes and provenance over the file's own metadata."""
-    path, _ = released.resolve_pretrained(row.tag)
-    ckpt = loader.read_checkpoint(path, row.format)
+    ckpt = released.read_pretrained(row)  # the row's file, checked against the row
     stated = {k: v for k, v in row.config.items() if k in _UNSTATED}
     ckpt.config.update(stated)
     ckpt.guessed = {k: v for k, v in ckpt.guessed.items() if k not in row.config}

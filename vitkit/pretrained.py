@@ -26,11 +26,24 @@ copies also declare.
 
 Downloads go to one cache directory: ``$VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit``, else
 ``~/.cache/vitkit``. A URL file is saved under the path of its URL there; it is written to a temporary name
-and renamed only when complete (and its checksum, where known, matches), under a lock file, so an
-interrupted or concurrent download never leaves a partial file under the final name. Hub files go through
+and renamed only when it is checked (its announced length, its size exact or as listed, its checksum where
+known, and that it reads as its format: an .npz whose members all read back, with that format's arrays), under
+a lock file, so an interrupted, concurrent or bad download never leaves a file under the final name; what a
+killed one left is removed by the next, and one download has an overall deadline (``$VITKIT_DOWNLOAD_DEADLINE``
+seconds, 4 hours by default) so a server that trickles bytes cannot hold it forever. Hub files go through
 huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars) into its own cache, or into
 ``$VITKIT_CACHE/huggingface`` when VITKIT_CACHE is set; a copy put by hand at ``<cache>/<repo>/<file>`` is
 used first. A file in the cache is used without any network access.
+
+A tag means one file. A cached file is checked before each use: never verified yet, by its listed size and
+that it reads as its format; once verified, against the sha256 recorded then. The first load of a file checks
+it against its row (``check_against_row``: every architecture field the registry row and the row's config imply,
+its class count and resolution) and refuses another model in one line naming the file and the tag; a file that
+fits gets its sha256 recorded beside it (``<file>.verified.json``), so a file changed later is named with how to
+download it anew rather than loaded. Sizes: the rows' ``listed_size`` are the hosts' own listings (the
+gs://vit_models listing in vit_jax.ipynb, the AugReg README table, the Hub's file pages); a row without one has
+no size published where its file is listed (the AugReg ImageNet-1k fine-tunes, the B/8 AugReg files, the BiT
+files) and is checked by its format and, once verified, its sha256 only.
 
 ImageNet-1k class names (data/imagenet1k_classes.txt) are the WordNet lemmas of the 1000 synsets in their
 standard (sorted) order, as timm's imagenet_synsets.txt and imagenet_synset_to_lemma.txt list them; the one
@@ -40,21 +53,26 @@ indices.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import errno
 import fnmatch
 import hashlib
 import os
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import UserError
-from .io import atomic_write
+from .io import atomic_write, atomic_write_text
 from .models.registry import MODELS
 from .preprocessing import Preprocessing
+
+if TYPE_CHECKING:
+    from .checkpoint.base import Checkpoint
 
 __all__ = [
     "PRETRAINED",
@@ -88,8 +106,9 @@ class PretrainedRow:
     hub_files: tuple[str, ...] = ()  # ... and its files (for "hf": config.json first, then the weights)
     revision: str = "main"
     sha256: str | None = None  # of the (weights) file, when published; checked after each download
-    size: int | None = None  # bytes, when published; checked after each download
-    listed_size: str | None = None  # as the host lists it (rounded), for display only
+    size: int | None = None  # bytes, when published; checked after each download and before each use
+    listed_size: str | None = None  # as the host lists it (rounded); None: no published size. Checked within
+    # its rounding (listed_bounds) after each download and before each use
     img_size: int = 224  # evaluation input size
     mean: tuple[float, ...] = HALF
     std: tuple[float, ...] = HALF
@@ -409,17 +428,107 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _check_file(path: Path, source: str, sha256: str | None, size: int | None) -> None:
-    """A downloaded file against its published size and checksum; a mismatch deletes it and says so."""
+_UNITS = {"KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9}
+
+
+def listed_bounds(listed: str) -> tuple[int, int]:
+    """The byte range a size as a host lists it (rounded: '393.69 MiB', '37 MiB', '346 MB') stands for: one unit
+    of its last digit either way, so a listing that rounds and one that truncates are both covered."""
+    number, _, unit = listed.strip().partition(" ")
+    if unit not in _UNITS:
+        raise ValueError(f"listed size {listed!r}: expected '<number> <{'|'.join(_UNITS)}>'")
+    decimals = len(number.partition(".")[2])
+    step = 10.0**-decimals
+    value = float(number)
+    return int((value - step) * _UNITS[unit]), int(round((value + step) * _UNITS[unit]))
+
+
+def fits_listed(size: int, listed: str) -> bool:
+    """Whether a file of ``size`` bytes is the size a host lists (within the listing's rounding)."""
+    lo, hi = listed_bounds(listed)
+    return lo <= size <= hi
+
+
+def _check_file(path: Path, source: str, sha256: str | None, size: int | None, listed: str | None = None) -> None:
+    """A downloaded file against its published size (exact, or as listed) and checksum; a mismatch deletes it."""
     got_size = path.stat().st_size
     if size is not None and got_size != size:
         path.unlink(missing_ok=True)
         raise UserError(f"{source}: expected {size} bytes, got {got_size}; the download was deleted")
+    if listed is not None and not fits_listed(got_size, listed):
+        path.unlink(missing_ok=True)
+        raise UserError(f"{source}: expected about {listed} as listed, got {got_size} bytes; the download was deleted")
     if sha256 is not None:
         got = _sha256(path)
         if got != sha256.lower():
             path.unlink(missing_ok=True)
             raise UserError(f"{source}: sha256 mismatch (expected {sha256}, got {got}); the download was deleted")
+
+
+# what a readable file of each format holds: an .npz member (official: under any tower prefix) or the file kind
+_NPZ_MARKERS = {"official": "embedding/kernel", "big_transfer": "resnet/"}
+
+
+def unreadable(path: Path, format: str, full: bool = False) -> str | None:
+    """Why ``path`` is not a readable file of ``format`` ("official" / "big_transfer" .npz, a "timm" or "hf"
+    safetensors / config.json), or None. Cheap: the .npz directory and its names, or the safetensors header and
+    its length; ``full`` also checks every .npz member's CRC (a whole read, done once after each download)."""
+    import zipfile
+
+    if path.suffix == ".npz" or format in _NPZ_MARKERS:
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+                bad = archive.testzip() if full else None
+        except (zipfile.BadZipFile, OSError, EOFError) as e:
+            return f"not an .npz archive ({_first_line(e)})"
+        if bad is not None:
+            return f"member {bad!r} is corrupt"
+        if not names or not all(n.endswith(".npy") for n in names):
+            return "not an .npz of arrays"
+        marker = _NPZ_MARKERS.get(format)
+        if marker and not any(marker in n for n in names):
+            return f"no {marker!r} array, so not a {format} checkpoint"
+        return None
+    if path.suffix == ".safetensors":
+        return _bad_safetensors(path)
+    if path.name == "config.json":
+        import json
+
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (ValueError, OSError) as e:
+            return f"not a JSON config ({_first_line(e)})"
+        return None if isinstance(doc, dict) else "not a JSON object"
+    return None
+
+
+def _bad_safetensors(path: Path) -> str | None:
+    """Why a .safetensors file is not whole: its header must parse and its tensors end where the file ends."""
+    import json
+    import struct
+
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            return "shorter than a safetensors header"
+        (n,) = struct.unpack("<Q", head)
+        total = path.stat().st_size
+        if n > total - 8:
+            return "not a safetensors file (its header length exceeds the file)"
+        try:
+            header = json.loads(f.read(n))
+        except ValueError:
+            return "not a safetensors file (its header is not JSON)"
+    if not isinstance(header, dict):
+        return "not a safetensors file (its header is not a JSON object)"
+    try:
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (KeyError, IndexError, TypeError, ValueError):
+        return "not a safetensors file (a tensor entry without data_offsets)"
+    if 8 + n + max(ends, default=0) != total:
+        return f"truncated or padded: the tensors end at byte {8 + n + max(ends, default=0)}, the file at {total}"
+    return None
 
 
 def _lock(path: Path):
@@ -436,50 +545,144 @@ def _lock(path: Path):
     return FileLock(str(lock))
 
 
-def download_url(
-    url: str, dst: str | Path, sha256: str | None = None, size: int | None = None, progress: bool = True
-) -> Path:
-    """Download ``url`` to ``dst`` (unless it is there) with huggingface_hub's downloader (``http_get``: its
-    resume of a dropped connection and its progress bar), written through vitkit's ``atomic_write`` under a
-    lock file.
+DEADLINE_ENV = "VITKIT_DOWNLOAD_DEADLINE"
+DEFAULT_DEADLINE = 4 * 3600.0  # seconds for one whole file: a 2.5 GiB file at 2 MB/s takes about 20 minutes
+READ_TIMEOUT = 60.0  # seconds without a byte before a connection counts as dead
 
-    The body is checked (size, sha256) before it is renamed onto dst: a concurrent download of the same file
-    waits on the lock and then uses the first one's result; an interrupted one leaves nothing under dst.
-    Failures are one-line UserErrors naming the URL: an HTTP error, a body shorter than announced, a size /
-    sha256 mismatch (the download is deleted), or no network (with where to put the file by hand).
+
+def download_deadline() -> float:
+    """The overall time one download may take, in seconds: ``$VITKIT_DOWNLOAD_DEADLINE``, else 4 hours."""
+    text = os.environ.get(DEADLINE_ENV, "").strip()
+    if not text:
+        return DEFAULT_DEADLINE
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise UserError(f"{DEADLINE_ENV}={text!r}: expected a positive number of seconds")
+    return value
+
+
+def download_url(
+    url: str,
+    dst: str | Path,
+    sha256: str | None = None,
+    size: int | None = None,
+    progress: bool = True,
+    format: str | None = None,
+    listed_size: str | None = None,
+    deadline: float | None = None,
+) -> Path:
+    """Download ``url`` to ``dst`` (unless it is there), written through vitkit's ``atomic_write`` under a lock.
+
+    The body is checked before it is renamed onto dst: its announced length, its size (exact, or ``listed_size``
+    as the host lists it, rounded), its sha256, and that it is a readable file of ``format`` (an .npz whose
+    members all read back, with the arrays of that format; see ``unreadable``). A concurrent download of the
+    same file waits on the lock and then uses the first one's result; an interrupted one leaves nothing under
+    dst, and what a killed one left (atomic_write's temporary files) is removed by the next. The whole download
+    must finish within ``deadline`` seconds (default ``download_deadline()``), so a server that trickles bytes
+    does not hold it forever. Failures are one-line UserErrors naming the URL (or dst, for a full disk): an HTTP
+    error, a redirect loop, a body shorter than announced, a size / sha256 / format mismatch (the download is
+    deleted), the deadline, or no network (with where to put the file by hand).
     """
+    import glob
+
     dst = Path(dst)
     if dst.is_file():
         return dst
     dst.parent.mkdir(parents=True, exist_ok=True)
+    limit = download_deadline() if deadline is None else deadline
+
+    def fetch_and_check(tmp: str) -> None:
+        _fetch(url, Path(tmp), dst, progress, limit)
+        _check_file(Path(tmp), url, sha256, size, listed_size)
+        reason = unreadable(Path(tmp), format, full=True) if format else None
+        if reason:
+            raise UserError(f"{url}: the download is {reason}; it was deleted (run again to retry)")
+
     with _lock(dst):
         if not dst.is_file():  # else another process (or an earlier call) finished it while we waited
-            atomic_write(dst, lambda tmp: _fetch(url, Path(tmp), dst, sha256, size, progress))
+            for stale in dst.parent.glob(f".{glob.escape(dst.name)}.*.tmp"):  # what a killed download left
+                stale.unlink(missing_ok=True)
+            atomic_write(dst, fetch_and_check)
     return dst
 
 
-def _fetch(url: str, tmp: Path, dst: Path, sha256: str | None, size: int | None, progress: bool) -> None:
-    """The body of ``url`` into ``tmp``, checked; failures as UserErrors (not OSErrors, which atomic_write would
-    take for a failed write)."""
-    import httpx2  # huggingface_hub's HTTP client
-    from huggingface_hub.errors import HfHubHTTPError
-    from huggingface_hub.file_download import http_get
+class _DiskError(Exception):
+    """Writing the download failed (a full disk, say): the destination's problem, not the network's."""
 
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error.strerror or str(error))
+        self.errno = error.errno
+
+
+class _Expired(Exception):
+    """The download ran past its overall deadline."""
+
+
+def _fetch(url: str, tmp: Path, dst: Path, progress: bool, deadline: float) -> None:
+    """The body of ``url`` into ``tmp``; failures as UserErrors (a full disk as one naming ``dst``)."""
+    import time
+
+    import httpx2  # huggingface_hub's HTTP client
+
+    started = time.monotonic()
     try:
-        with open(tmp, "wb") as f:
-            http_get(url, f, displayed_filename=dst.name, tqdm_class=None if progress else _silent_tqdm())
-    except HfHubHTTPError as e:
-        status = getattr(e.response, "status_code", None)
-        reason = getattr(e.response, "reason_phrase", "")
-        raise UserError(f"{url}: HTTP {status} {reason}; no file was saved") from None
+        with contextlib.ExitStack() as stack:
+            try:
+                out = stack.enter_context(open(tmp, "wb"))
+            except OSError as e:
+                raise _DiskError(e) from e
+            client = httpx2.Client(follow_redirects=True, max_redirects=10, timeout=httpx2.Timeout(READ_TIMEOUT))
+            stack.enter_context(client)
+            response = stack.enter_context(client.stream("GET", url, headers={"Accept-Encoding": "identity"}))
+            if response.status_code != 200:
+                raise UserError(f"{url}: HTTP {response.status_code} {response.reason_phrase}; no file was saved")
+            announced = response.headers.get("Content-Length")
+            total = int(announced) if announced and announced.isdigit() else None
+            bar = _progress_bar(dst.name, total, progress)
+            got = 0
+            with bar:
+                for chunk in response.iter_raw():
+                    try:
+                        out.write(chunk)
+                    except OSError as e:
+                        raise _DiskError(e) from e
+                    got += len(chunk)
+                    bar.update(len(chunk))
+                    if time.monotonic() - started > deadline:
+                        raise _Expired
+            try:
+                out.flush()  # so that closing the file has nothing left to write (and fail on)
+            except OSError as e:
+                raise _DiskError(e) from e
+            if total is not None and got < total:
+                raise httpx2.RemoteProtocolError(f"received {got} of {total} bytes")
+    except _DiskError as e:
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT)
+        hint = f"; free space in {dst.parent} or set VITKIT_CACHE to another disk" if full else ""
+        raise UserError(f"{dst}: could not be written ({e}){hint}; no file was saved") from None
+    except _Expired:
+        raise UserError(
+            f"{url}: the download took over {deadline:g} s (the server is too slow, or stalls); no file was saved; "
+            f"set {DEADLINE_ENV} to allow more"
+        ) from None
+    except httpx2.TooManyRedirects:
+        raise UserError(f"{url}: too many redirects (a redirect loop); no file was saved") from None
     except httpx2.RemoteProtocolError as e:  # the server closed the connection before the announced length
         raise UserError(f"{url}: the download ended early ({e}); no file was saved, run again to retry") from None
-    except (httpx2.TransportError, OSError) as e:
+    except (httpx2.TransportError, httpx2.InvalidURL, OSError) as e:
         raise UserError(
             f"{url}: cannot download ({_first_line(e)}); without network access, fetch this URL elsewhere and put "
             f"the file at {dst}"
         ) from None
-    _check_file(tmp, url, sha256, size)
+
+
+def _progress_bar(name: str, total: int | None, show: bool) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=name, disable=not show, leave=False)
 
 
 def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
@@ -504,10 +707,11 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
                 raise UserError(f"{url}: not in the cache and HF_HUB_OFFLINE is set; {by_hand}") from None
             endpoint = os.environ.get("HF_ENDPOINT") or None  # read per call (huggingface_hub reads it at import)
             try:
-                got = hf_hub_download(
-                    row.repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
-                    tqdm_class=None if progress else _silent_tqdm(),
-                )  # fmt: skip
+                with _quiet_hub():
+                    got = hf_hub_download(
+                        row.repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
+                        tqdm_class=None if progress else _silent_tqdm(),
+                    )  # fmt: skip
             except (HfHubHTTPError, EntryNotFoundError) as e:
                 # huggingface_hub reports a failed look-up as LocalEntryNotFoundError, the HTTP answer (if any)
                 # as its cause; no answer at all means the Hub cannot be reached
@@ -530,6 +734,24 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
     return _checkpoint_path(row, files)
 
 
+@contextlib.contextmanager
+def _quiet_hub() -> Iterator[None]:
+    """huggingface_hub's own log lines and warnings held back for one call (a refused connection is vitkit's one
+    line, not theirs too); its logger's level is restored after, so nothing changes for the rest of the process."""
+    import logging
+    import warnings
+
+    logger = logging.getLogger("huggingface_hub")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL + 1)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
@@ -548,11 +770,168 @@ def _silent_tqdm() -> type:
 def resolve_pretrained(
     tag: str, table: Mapping[str, PretrainedRow] | None = None, progress: bool = True
 ) -> tuple[Path, PretrainedRow]:
-    """(local checkpoint path, row) for a tag, downloading the file on first use (see the module docstring)."""
+    """(local checkpoint path, row) for a tag, downloading the file on first use (see the module docstring).
+
+    A file already in the cache is checked before it is handed over (``verify_cached``): against the sha256
+    recorded when it was first verified, else its listed size and that it reads as its format.
+    """
     row = get_pretrained(tag, table)
     if row.url:
-        return download_url(row.url, url_cache_path(row.url), row.sha256, row.size, progress), row
+        dst = url_cache_path(row.url)
+        if dst.is_file():
+            verify_cached(row, dst)
+            return dst, row
+        fmt, listed = row.format, row.listed_size
+        return download_url(row.url, dst, row.sha256, row.size, progress, fmt, listed), row
     manual = [_manual_hub_dir(row) / f for f in row.hub_files]
     if all(p.is_file() for p in manual):
-        return _checkpoint_path(row, manual), row
-    return _download_hub(row, progress), row
+        path = _checkpoint_path(row, manual)
+        verify_cached(row, path)
+        return path, row
+    path = _download_hub(row, progress)
+    verify_cached(row, path)
+    return path, row
+
+
+# ------------------------------------------------------------------------------------------------ trust
+# A tag means one file. After the first load of a cached file fits its row (``check_against_row``), its sha256
+# is recorded beside it (<file>.verified.json); every later use compares the file with it, so a file changed
+# since (a disk error, an overwrite, another file put in its place) is named instead of loaded.
+VERIFIED_SUFFIX = ".verified.json"
+
+
+def weights_file(row: PretrainedRow, path: Path) -> Path:
+    """The weights file of a row's checkpoint path (an HF directory's weights, else the path itself)."""
+    return path / row.hub_files[-1] if row.format == "hf" else path
+
+
+def _sidecar(weights: Path) -> Path:
+    return weights.with_name(weights.name + VERIFIED_SUFFIX)
+
+
+def _remedy(row: PretrainedRow, weights: Path) -> str:
+    """How to get a good file again: remove the cached one (the next use downloads it anew)."""
+    if row.url:
+        return f"remove it (rm '{weights}') and run again to download it anew, or put a good copy there"
+    blob = weights.resolve()  # huggingface_hub's snapshot entry is a link to a blob it would link again
+    paths = " ".join(f"'{p}'" for p in dict.fromkeys((weights, blob)))
+    return f"remove it (rm {paths}) and run again to download it anew"
+
+
+def verify_cached(row: PretrainedRow, path: Path) -> None:
+    """A cached file of ``row`` is what was verified before (its recorded sha256), or, never verified yet, of its
+    listed size, readable as its format and of its published sha256; else a one-line UserError naming it and how
+    to download it anew."""
+    problem = _cache_problem(row, path)
+    if problem is not None:
+        raise UserError(problem[1])
+
+
+def _cache_problem(row: PretrainedRow, path: Path) -> tuple[str, str] | None:
+    """What is wrong with a cached file, as (status for listings, one-line message), or None. A verified file is
+    compared with its record's size, then its sha256 (about a second per gigabyte)."""
+    import json
+
+    weights = weights_file(row, path)
+    remedy = _remedy(row, weights)
+    record = _sidecar(weights)
+    if record.is_file():
+        try:
+            recorded = json.loads(record.read_text(encoding="utf-8"))
+            want, size = str(recorded["sha256"]), int(recorded["size"])
+        except (ValueError, KeyError, TypeError, OSError):
+            record.unlink(missing_ok=True)  # a damaged record proves nothing: the file is checked afresh below
+        else:
+            if weights.stat().st_size == size and _sha256(weights) == want:
+                return None
+            return "changed", (
+                f"{weights}: the cached file of {row.tag} changed since it was first verified (sha256 {want[:12]}... "
+                f"recorded); {remedy}"
+            )
+    problems = []
+    got_size = weights.stat().st_size
+    if row.size is not None and got_size != row.size:
+        problems.append(f"{got_size} bytes, expected {row.size}")
+    elif row.listed_size is not None and not fits_listed(got_size, row.listed_size):
+        problems.append(f"{got_size} bytes, listed as {row.listed_size}")
+    reason = unreadable(weights, row.format)
+    if reason:
+        problems.append(reason)
+    if problems:
+        return "unreadable", f"{weights}: the cached file of {row.tag} is unreadable ({'; '.join(problems)}); {remedy}"
+    if row.sha256 is not None and (got := _sha256(weights)) != row.sha256.lower():
+        return "wrong file", (
+            f"{weights}: not the published file of {row.tag} (sha256 {got}, published {row.sha256}); {remedy}"
+        )
+    return None
+
+
+# the config fields a row implies (registry row + row.config) that its file must agree with
+ROW_FIELDS = {
+    "vit": ("patch_size", "in_chans", "width", "depth", "num_heads", "mlp_dim", "classifier", "representation_size",
+            "resnet_layers", "resnet_width", "pos_embed", "num_classes", "img_size", "gelu", "ln_eps"),
+    "bit": ("layers", "width_factor", "in_chans", "num_classes"),
+    "resnet": ("layers", "width_factor", "in_chans", "num_classes"),
+}  # fmt: skip
+
+
+def check_against_row(row: PretrainedRow, path: Path, config: Mapping[str, Any], guessed: Mapping[str, Any]) -> None:
+    """A file read for a tag must be the model its row implies (architecture, classes, resolution); a file that
+    is not is refused in one line naming the file, the tag and the fields. Fields the file leaves to guess
+    (``guessed``) are the row's to say and are not compared. Passing records the file's sha256 beside it."""
+    from .models.registry import config_class, model_config
+
+    want = model_config(row.model, **row.config)
+    arch = config.get("arch", "vit")
+    if arch != want.arch:
+        raise UserError(f"{path}: holds a {arch!r} model, but {row.tag} is a {want.arch!r} one; {_remedy(row, path)}")
+    cls = config_class(arch)
+    got = cls(**{k: v for k, v in config.items() if k != "arch"})
+    wrong = [
+        f"{name} {getattr(got, name)!r} (the tag: {getattr(want, name)!r})"
+        for name in ROW_FIELDS[arch]
+        if name not in guessed and getattr(got, name) != getattr(want, name)
+    ]
+    if wrong:
+        raise UserError(
+            f"{path}: not the file of {row.tag}: {'; '.join(wrong)}; {_remedy(row, weights_file(row, path))}"
+        )
+    _record_verified(row, weights_file(row, path))
+
+
+def _record_verified(row: PretrainedRow, weights: Path) -> None:
+    import json
+
+    record = _sidecar(weights)
+    if record.is_file():
+        return
+    doc = {"tag": row.tag, "source": row.source, "size": weights.stat().st_size, "sha256": _sha256(weights)}
+    with contextlib.suppress(UserError):  # a read-only cache: the file is still checked by size and format
+        atomic_write_text(record, json.dumps(doc, indent=2) + "\n")
+
+
+def read_pretrained(row: PretrainedRow, progress: bool = True) -> Checkpoint:
+    """The Checkpoint of a row's file (downloaded on first use), read as its format and checked against the
+    row (``check_against_row``); a cached file that cannot be read is named with how to download it anew."""
+    from .checkpoint import loader
+
+    path, _ = resolve_pretrained(row.tag, {row.tag: row}, progress)
+    try:
+        ckpt = loader.read_checkpoint(path, row.format)
+    except UserError as e:
+        raise UserError(f"{e}; the cached file of {row.tag}: {_remedy(row, weights_file(row, path))}") from None
+    check_against_row(row, path, ckpt.config, ckpt.guessed)
+    return ckpt
+
+
+def cache_status(row: PretrainedRow) -> str:
+    """For listings: "no", "cached (verified)" (its sha256 is the one recorded at its first load), "cached
+    (unverified)" (not loaded yet), "cached (changed)" (differs from what was verified), "cached (wrong file)"
+    (not the published sha256) or "cached (unreadable)" (not of its listed size, or not readable as its format)."""
+    path = cached_path(row)
+    if path is None:
+        return "no"
+    problem = _cache_problem(row, path)
+    if problem is not None:
+        return f"cached ({problem[0]})"
+    return "cached (verified)" if _sidecar(weights_file(row, path)).is_file() else "cached (unverified)"

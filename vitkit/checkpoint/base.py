@@ -143,9 +143,8 @@ def weights_path(path: str | Path, weight_names: Sequence[str], what: str) -> Pa
     directory = path if path.is_dir() else path.parent
     found = next((directory / n for n in weight_names if (directory / n).is_file()), None)
     if found is None:
-        raise UserFileNotFoundError(
-            f"{directory}: no weights; a {what} checkpoint holds one of {', '.join(weight_names)}"
-        )
+        missing = " or ".join(str(directory / n) for n in weight_names)
+        raise UserFileNotFoundError(f"{missing}: missing; a {what} checkpoint holds its weights beside {CONFIG_NAME}")
     return found
 
 

@@ -336,6 +336,11 @@ def convert(
     if existing and not force:
         raise UserError(f"{', '.join(existing)}: exists; pass --force (force=True) to replace it")
     model, report = read_model(src, **overrides)
+    # a layout the target cannot hold is refused before anything is written (it would read back as another model)
+    if to == "timm":
+        timm.check_exportable(model)
+    elif to == "official":
+        official.check_exportable(model)
     metadata = report.metadata
     source = str(src.path if isinstance(src, Checkpoint) else src)
     prep = for_config(metadata, config_of(model).to_dict(), source)  # the record, at the model's own size

@@ -52,9 +52,10 @@ def save_pretrained(
 
 
 def detect(path: str | Path) -> bool:
-    """A directory (or its model.safetensors) whose config.json says format 'vitkit'."""
+    """A directory (or its model.safetensors) whose config.json says format 'vitkit' (without its weights too:
+    reading it then names the missing file)."""
     cfg = config_path(path)
-    if not cfg.is_file() or not (cfg.parent / WEIGHTS_NAME).is_file():
+    if not cfg.is_file():
         return False
     try:
         return read_config_json(cfg).get("format") == FORMAT

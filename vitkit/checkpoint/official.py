@@ -422,6 +422,36 @@ BLOCK_NAMINGS = {
 }
 
 
+def check_exportable(model: torch.nn.Module) -> ViTConfig:
+    """The model's config if an official .npz can hold it, so that reading the file back (names and shapes
+    alone, tanh GELU and LayerNorm eps 1e-6 as the official code computes) gives the same model; else a one-line
+    UserError naming the field and value the file cannot carry."""
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ViTConfig):
+        raise UserError(f"only VisionTransformer models have an official layout, not {type(model).__name__}")
+    (h, w), (ph, pw) = cfg.img_size, cfg.patch_size  # pairs: ViTConfig normalises them
+    why = {
+        "pos_embed": (cfg.pos_embed, "learned", "the file of any other table does not say its grid or kind"),
+        "pos_embed_where": (cfg.pos_embed_where, "input", "the official layout has one table at the input"),
+        "gelu": (cfg.gelu, "tanh", "the official code computes tanh GELU and the file cannot say another"),
+        "ln_eps": (cfg.ln_eps, 1e-6, "the official code's LayerNorm eps is 1e-6 and the file cannot say another"),
+        "dynamic_img_size": (cfg.dynamic_img_size, False, "the file cannot say it"),
+    }
+    for name, (value, held, reason) in why.items():
+        if value != held:
+            raise UserError(f"official export: {name}={value!r}; an .npz holds {held!r} only ({reason})")
+    if cfg.classifier == "first":
+        raise UserError(
+            "official export: classifier='first'; an .npz without class token or MAP head reads back as 'gap'"
+        )
+    if h != w or ph != pw:
+        raise UserError(
+            f"official export: img_size={cfg.img_size}, patch_size={cfg.patch_size}; an .npz holds a square "
+            "token grid only (its size is read from the position table's length)"
+        )
+    return cfg
+
+
 def torch_to_flax(t: torch.Tensor, kind: str) -> np.ndarray:
     """The inverse of flax_to_torch for 'dense' (out, in) -> (in, out) and 'conv' OIHW -> HWIO."""
     t = t.detach().cpu().float()

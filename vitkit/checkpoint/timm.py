@@ -251,15 +251,30 @@ def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
 
     A pre-logits layer is written as pre_logits.fc.* (timm < 0.9's representation_size layout).
     """
-    cfg = getattr(model, "config", None)
-    if not isinstance(cfg, ViTConfig) or (cfg.pos_embed, cfg.pos_embed_where) != ("learned", "input"):
-        raise UserError(
-            "only VisionTransformer models with learned 1-D position embeddings at the input have a timm layout"
-        )
+    check_exportable(model)
     return {
         re.sub(r"^pre_logits\.", "pre_logits.fc.", k): v.detach().clone().contiguous()
         for k, v in model.state_dict().items()
     }
+
+
+def check_exportable(model: nn.Module) -> ViTConfig:
+    """The model's config if timm's VisionTransformer (and its hub config.json) can hold the model; else a one-line
+    UserError naming the field it cannot hold (written anyway, the files would read back as another model)."""
+    cfg = getattr(model, "config", None)
+    if not isinstance(cfg, ViTConfig):
+        raise UserError(f"only VisionTransformer models have a timm layout, not {type(model).__name__}")
+    if (cfg.pos_embed, cfg.pos_embed_where) != ("learned", "input"):
+        raise UserError(
+            f"timm export: pos_embed={cfg.pos_embed!r}, pos_embed_where={cfg.pos_embed_where!r}; timm's ViT holds "
+            "learned 1-D position embeddings at the input only"
+        )
+    if cfg.classifier not in ("token", "gap"):
+        raise UserError(
+            f"timm export: classifier={cfg.classifier!r}; timm's ViT as vitkit writes it pools the class token "
+            "('token') or the mean of the normalised patch tokens ('gap') only"
+        )
+    return cfg
 
 
 def timm_kwargs(model: nn.Module) -> dict[str, Any]:
@@ -270,7 +285,7 @@ def timm_kwargs(model: nn.Module) -> dict[str, Any]:
     fc_norm=False so GAP pools normalised tokens. Hybrids additionally need timm's ResNetV2 backbone as
     embed_layer (timm's vit_*_r50_* constructors).
     """
-    cfg = vit_config_of(model, "timm_kwargs")
+    cfg = check_exportable(model)
     return dict(
         img_size=cfg.img_size,
         patch_size=cfg.patch_size,
@@ -297,7 +312,7 @@ def hub_config(model: nn.Module, preprocessing: Preprocessing | None = None) -> 
     ``pretrained_cfg`` holds the preprocessing record (input size, mean, std, crop_pct, interpolation, classes;
     the model's own [-1, 1] pixels at its resolution when no record is given), read back by ``from_timm_config``.
     """
-    cfg = vit_config_of(model, "a timm export")
+    cfg = check_exportable(model)
     args = timm_kwargs(model)
     for key in ("img_size", "patch_size"):  # timm's spelling of a square size is one int
         h, w = args[key]
