@@ -12,7 +12,7 @@ export PIP_CONSTRAINT := $(CURDIR)/constraints.txt
 ON_PATH := vitkit is installed in $(VENV)/bin: run `source $(VENV)/bin/activate` to put it on your PATH (once in \
 each new shell); the vitkit commands in the README then work as written
 
-.PHONY: install install-dev train test lint format bench clean
+.PHONY: install install-dev train test lint docs format bench clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,13 @@ format: $(DEV_STAMP)
 	$(VENV)/bin/ruff check --fix vitkit tests benchmarks
 	$(VENV)/bin/ruff format vitkit tests benchmarks
 
-test: lint
+# the documentation (docs/, mkdocs.yml), with the API reference read from this tree's docstrings; --strict turns
+# every warning (a broken link, an API name that no longer exists) into a failure. `$(VENV)/bin/mkdocs serve`
+# previews it.
+docs: $(DEV_STAMP)
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
+
+test: lint docs
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(DEV_STAMP)
