@@ -78,7 +78,7 @@ def atomic_write(path: str | Path, write_fn: Callable[[str], object], *, size: i
         attempted = max(size or 0, _size_of(tmp))
         # a UserError is the writer's own account of what went wrong (it knows best): passed on as it is
         judged = isinstance(e, Exception) and not isinstance(e, UserError)
-        reason = _refusal(e, path.parent, attempted, mine) if judged else None
+        reason = _refusal(e, path.parent, attempted, mine) if judged and isinstance(e, Exception) else None
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         for directory in reversed(created):  # only what this write created, and only while it is empty
