@@ -77,8 +77,9 @@ def atomic_write(path: str | Path, write_fn: Callable[[str], object], *, size: i
         # judged before the temp file goes, while the space it holds still counts as used
         attempted = max(size or 0, _size_of(tmp))
         # a UserError is the writer's own account of what went wrong (it knows best): passed on as it is
-        judged = isinstance(e, Exception) and not isinstance(e, UserError)
-        reason = _refusal(e, path.parent, attempted, mine) if judged and isinstance(e, Exception) else None
+        reason = None
+        if isinstance(e, Exception) and not isinstance(e, UserError):
+            reason = _refusal(e, path.parent, attempted, mine)
         if tmp is not None:
             Path(tmp).unlink(missing_ok=True)
         for directory in reversed(created):  # only what this write created, and only while it is empty
