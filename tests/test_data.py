@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import warnings
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -223,7 +224,7 @@ def test_image_folder_with_mixed_formats(tmp_path):
             x, y = ds[i]
             assert x.shape == (3, 16, 16) and y in (0, 1)
             assert x.min() >= -1.0 and x.max() <= 1.0
-    assert DatasetInfo.from_dict(info.to_dict()) == info
+    assert DatasetInfo(**info.to_dict()) == info
 
 
 def test_separate_val_folder_and_unknown_class(tmp_path):
@@ -252,7 +253,7 @@ def test_truncated_jpeg_names_the_file_or_is_skipped_and_counted(tmp_path):
     with pytest.raises(ValueError, match=r"bad\.jpg.*skip_corrupt"):
         train[bad_index]
 
-    cfg.skip_corrupt = True
+    cfg = replace(cfg, skip_corrupt=True)
     train, _, _ = build_datasets(cfg)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -261,12 +262,12 @@ def test_truncated_jpeg_names_the_file_or_is_skipped_and_counted(tmp_path):
     assert len([w for w in caught if "bad.jpg" in str(w.message)]) == 1  # warned once
     assert items[bad_index][1] == train.samples[(bad_index + 1) % len(train)][1]  # the next readable image
 
-    cfg.verify = True  # the up-front scan finds the same file
+    cfg = replace(cfg, verify=True)  # the up-front scan finds the same file
     with pytest.warns(RuntimeWarning, match="bad.jpg"):
         train, _, _ = build_datasets(cfg)
     assert train.num_skipped == 1
     assert pickle.loads(pickle.dumps(train)).num_skipped == 1  # picklable for spawned DataLoader workers
-    cfg.skip_corrupt = False
+    cfg = replace(cfg, skip_corrupt=False)
     with pytest.raises(ValueError, match="bad.jpg"):
         build_datasets(cfg)
 

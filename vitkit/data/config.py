@@ -33,7 +33,7 @@ SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     """The data source and its preprocessing; ``None`` fields take the source default (module docstring)."""
 
@@ -139,7 +139,7 @@ class SourceFields:
         return cls(**values)
 
 
-@dataclass
+@dataclass(frozen=True)
 class DatasetInfo:
     """What a model trained on the data needs to know: saved as checkpoint metadata, used to preprocess.
 
@@ -158,11 +158,6 @@ class DatasetInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> DatasetInfo:
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in known})
 
 
 __all__ = ["AUGMENTS", "SOURCES", "SOURCE_DEFAULTS", "DataConfig", "DatasetInfo"]
