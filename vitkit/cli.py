@@ -475,12 +475,9 @@ def cmd_config(args: argparse.Namespace) -> int:
     cfg, required = load_config_for_listing(config, overrides)
     print(describe_config(cfg, required))
     if required:
-        print(f"\n<required>: give {', '.join(f'{k}=...' for k in required)} to train with this config", end="")
-        print(
-            "; the fine-tuning recipe then fills what it leaves open"
-            if cfg.run.init_from or any(k == "run.init_from" for k in required)
-            else ""
-        )
+        fine_tune = cfg.run.init_from or "run.init_from" in required
+        then = "; the fine-tuning recipe then fills what it leaves open" if fine_tune else ""
+        print(f"\n<required>: give {', '.join(f'{k}=...' for k in required)} to train with this config{then}")
     return 0
 
 

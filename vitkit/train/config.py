@@ -457,8 +457,9 @@ def config_from_dict(
     if missing and not listing:
         where = f"{origin}: " if origin else ""
         raise UserError(f"{where}{', '.join(missing)}: required by this config; pass e.g. {missing[0]}=...")
-    if any(cli.values()):  # the file alone first, so that a value is blamed on where it was given
-        _labelled(origin, lambda: _build_config(_without_required(file)))
+    if any(cli.values()):  # the file's values the command line leaves first, so a value is blamed where it was given
+        kept = {section: {k: v for k, v in file[section].items() if k not in cli[section]} for section in SECTIONS}
+        _labelled(origin, lambda: _build_config(_without_required(kept)))
     label = COMMAND_LINE if any(cli.values()) else origin
     merged = _without_required(merged)
     cfg = _labelled(label, lambda: _build_config(merged))
