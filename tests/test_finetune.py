@@ -63,8 +63,10 @@ def test_finetune_command_takes_everything_from_the_checkpoint_and_the_data(tmp_
     data = _folder(tmp_path / "images")
     assert main(["finetune", str(ckpt), "--data", str(data), "run.progress=false", "optim.name=sgd"]) == 0
     out = capsys.readouterr().out
-    assert f"fine-tuning {ckpt} on folder at 32 px: sgd lr 0.01" in out
-    run = tmp_path / "runs" / "finetune-pre.npz"
+    assert re.search(
+        rf"^fine-tuning {re.escape(str(ckpt))} \(.* params\) on folder .*at 32 px\n  sgd lr 0.01", out, re.M
+    )
+    run = tmp_path / "runs" / "finetune-pre"
     config, _, meta = read_native(run)
     # the architecture is the checkpoint's, the head the data's, the numerics the official ones
     assert (config["width"], config["depth"], config["num_heads"], config["mlp_dim"]) == (32, 2, 4, 64)
@@ -206,7 +208,11 @@ def test_train_with_init_from_takes_the_architecture_from_the_checkpoint(tmp_pat
 
 def test_steps_and_epochs_together_are_an_error_that_says_what_to_drop():
     with pytest.raises(UserError, match=r"both set; give one: add schedule.steps=none to count in epochs"):
-        config_from_dict({"schedule": {"steps": 100}}, ["schedule.epochs=1"])
+        config_from_dict({}, ["schedule.steps=100", "schedule.epochs=1"])
+    with pytest.raises(UserError, match=r"schedule.steps=100 and schedule.epochs=1 are both set; keep one"):
+        config_from_dict({"schedule": {"steps": 100, "epochs": 1}})
+    # a length on the command line replaces the file's, in either unit
+    assert config_from_dict({"schedule": {"steps": 100}}, ["schedule.epochs=1"]).schedule.steps is None
     assert (
         config_from_dict({"schedule": {"steps": 100}}, ["schedule.epochs=1", "schedule.steps=none"]).schedule.steps
         is None

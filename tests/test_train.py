@@ -477,14 +477,15 @@ def test_metric_plots_read_well_for_short_and_long_runs():
     assert ax.get_yscale() == "log"
 
 
-def test_training_passes_its_label_smoothing_to_the_plots(tmp_path, monkeypatch):
+def test_training_passes_its_soft_targets_to_the_plots(tmp_path, monkeypatch):
     import vitkit.train.engine as engine
 
     seen = {}
     monkeypatch.setattr(engine, "plot_metrics", lambda records, out_dir, **kw: seen.update(kw))
     doc = tiny(tmp_path, schedule={"steps": 1}, optim={"label_smoothing": 0.1}, run={"plots": True})
+    doc["data"] = {**doc["data"], "mixup_alpha": 0.2}
     train(config_from_dict(doc))
-    assert seen == {"label_smoothing": 0.1}
+    assert seen == {"label_smoothing": 0.1, "mixup": 0.2, "cutmix": 0.0}
 
 
 def test_training_configs_are_frozen_values():

@@ -245,7 +245,7 @@ def test_two_classes_do_not_warn(tmp_path):
     ],
 )
 def test_out_of_range_config_values_name_the_key(capsys, override, expected):
-    one_line_error(capsys, ["train", "digits", override], "digits.yaml", expected)
+    one_line_error(capsys, ["train", "digits", override], "command line: ", expected)
     with pytest.raises(UserError, match=re.escape(expected)):
         load_config("digits", [override])
 
@@ -306,8 +306,12 @@ def test_a_bug_inside_a_section_check_keeps_its_traceback(monkeypatch):
     assert not isinstance(caught.value, UserError)
 
 
-def test_a_user_error_while_loading_names_the_file_and_keeps_its_kind():
+def test_a_user_error_while_loading_names_where_it_came_from_and_keeps_its_kind(tmp_path):
     from vitkit.errors import ConfigError
 
-    with pytest.raises(ConfigError, match=r"digits\.yaml: unknown config key 'optim\.lrr'; did you mean optim\.lr"):
+    with pytest.raises(ConfigError, match=r"^command line: unknown config key 'optim\.lrr'; did you mean optim\.lr"):
         load_config("digits", ["optim.lrr=1"])
+    config = tmp_path / "typo.yaml"
+    config.write_text("optim:\n  lrr: 1\n")
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(config))}: unknown config key 'optim\.lrr'"):
+        load_config(config)

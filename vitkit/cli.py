@@ -435,14 +435,15 @@ def cmd_export(args: argparse.Namespace) -> int:
 # ---- training: train, eval ----
 @arguments("train")
 def add_train(p: argparse.ArgumentParser) -> None:
+    from .train.config import describe_shipped_configs
+
     p.add_argument(
         "spec",
         nargs="*",
         metavar="CONFIG | section.key=value",
-        help="a YAML config or a shipped one (digits, mpp_digits, vit_b16_pretrain, vit_b16_finetune, vit_b16_mpp; "
-        "default digits), then "
-        "typed overrides such as optim.lr=3e-4 schedule.epochs=10 run.resume=true; every key, its type, default "
-        "and meaning: vitkit config",
+        help="a YAML config or a shipped one (below; default digits), then typed overrides such as optim.lr=3e-4 "
+        "schedule.steps=400 run.resume=true (a length given here replaces the file's, in steps or epochs); every "
+        "key, its type, default and meaning: vitkit config [CONFIG]",
     )
     p.add_argument(
         "--data",
@@ -451,6 +452,8 @@ def add_train(p: argparse.ArgumentParser) -> None:
         "folder DIR/<class>/<images> or a training config .yaml (its data section); applied as data.key=value "
         "overrides of the config, before the ones given",
     )
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = "shipped configs (vitkit config NAME lists one's values):\n" + describe_shipped_configs()
 
 
 def _split_spec(spec: list[str]) -> tuple[str | None, list[str]]:
@@ -463,6 +466,7 @@ def _split_spec(spec: list[str]) -> tuple[str | None, list[str]]:
 def _run_training(cfg: TrainConfig, command: str) -> int:
     from .train import NonFiniteLossError, TrainingInterrupted, train
 
+    _print_plan(cfg)
     try:
         result = train(cfg)
     except NonFiniteLossError as e:
@@ -497,7 +501,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     config, overrides = _split_spec(args.spec)
     if args.data is not None:
         overrides = [*_as_overrides("data", data_section(args.data)), *overrides]
-    return _run_training(load_config(config, overrides), "train")
+    cfg = load_config(config, overrides)
+    return _run_training(cfg, "train")
+
+
+def _print_plan(cfg: TrainConfig) -> None:
+    """The resolved plan before training: source, data, optimizer, length; on a CPU its duration by FLOPs."""
+    from .train.recipe import describe_plan
+
+    if os.environ.get("RANK", "0") == "0":
+        print(describe_plan(cfg), flush=True)
 
 
 def _as_overrides(section: str, values: dict[str, Any]) -> list[str]:
@@ -528,17 +541,15 @@ def add_finetune(p: argparse.ArgumentParser) -> None:
     )
 
 
-@command("finetune", "fine-tune a checkpoint on a data set with the paper's recipe, in one command")
+@command(
+    "finetune",
+    "fine-tune a checkpoint on a data set with the paper's recipe, in one command (a run directory's run settings "
+    "kept: threads, device, amp, plots, ...)",
+)
 def cmd_finetune(args: argparse.Namespace) -> int:
     from .train.recipe import finetune_config
 
     cfg = finetune_config(args.source, args.data, args.overrides)
-    s, o = cfg.schedule, cfg.optim
-    length = f"{s.steps} steps" if s.steps is not None else f"{s.epochs:g} epochs"
-    print(
-        f"fine-tuning {args.source} on {cfg.data.source} at {cfg.data.img_size} px: {o.name} lr {o.lr:g}, batch "
-        f"{o.batch_size}, {length} (warmup {s.warmup_steps}, {s.decay}); every key: vitkit config"
-    )
     return _run_training(cfg, "finetune")
 
 
@@ -549,10 +560,18 @@ def add_config(p: argparse.ArgumentParser) -> None:
 
 @command("config", "every training config key with its type, value (default or the given config's) and meaning")
 def cmd_config(args: argparse.Namespace) -> int:
-    from .train.config import describe_config, load_config
+    from .train.config import describe_config, load_config_for_listing
 
+    if not args.spec:
+        print(describe_config())
+        return 0
     config, overrides = _split_spec(args.spec)
-    print(describe_config(load_config(config, overrides) if args.spec else None))
+    cfg, required = load_config_for_listing(config, overrides)
+    print(describe_config(cfg, required))
+    if required:
+        fine_tune = cfg.run.init_from or "run.init_from" in required
+        then = "; the fine-tuning recipe then fills what it leaves open" if fine_tune else ""
+        print(f"\n<required>: give {', '.join(f'{k}=...' for k in required)} to train with this config{then}")
     return 0
 
 

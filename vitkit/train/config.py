@@ -10,8 +10,13 @@
 
 A value's type is the dataclass field's type, so ``optim.lr=3e-4`` is a float, ``optim.betas=0.9,0.95`` a
 tuple and ``model.representation_size=none`` an Optional; an unknown key or a wrong type is a UserError
-(ConfigError) naming the key, what was expected and (for a typo) the close matches. Each section, and the whole
-TrainConfig, is a frozen value: change one with ``dataclasses.replace``.
+(ConfigError) naming the key, what was expected and (for a typo) the close matches, and where the value came from
+(the config file's path, or the command line). Each section, and the whole TrainConfig, is a frozen value: change
+one with ``dataclasses.replace``.
+
+The command line's values replace the file's, and a length given there replaces the file's in either unit
+(``schedule.steps=400`` over a file's ``schedule.epochs``); both units on one level are an error. A value ``???``
+in a file is one the user must give; ``vitkit config`` lists such a config with ``<required>`` in their place.
 """
 
 from __future__ import annotations
@@ -21,11 +26,11 @@ import difflib
 import types
 import typing
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
@@ -41,6 +46,7 @@ AMPS = ("none", "bf16", "fp16")
 OBJECTIVES = ("classification", "mpp")
 MPP_TARGETS = ("color", "color_grid", "pixels")
 REQUIRED = "???"  # a config value the user must supply on the command line
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -355,22 +361,30 @@ SECTIONS: dict[str, type] = {
 }
 
 
-def config_from_dict(doc: dict[str, Any], overrides: Sequence[str] = ()) -> TrainConfig:
-    """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last).
+COMMAND_LINE = "command line"  # where an override's value came from, as errors name it
+LENGTH_KEYS = ("steps", "epochs")  # schedule: the run's length, one of the two
 
-    A value ``???`` marks a key the user must supply (e.g. the data root of a shipped recipe). With run.init_from
-    set, every key of the fine-tuning recipe that neither doc nor overrides give is the recipe's
-    (vitkit.train.recipe.recipe_values): a file's explicit values count as the user's.
-    """
-    if isinstance(overrides, str):  # a str is a sequence too: each character would be read as an override
-        raise TypeError(f"overrides: expected a list of section.key=value strings, got the string {overrides!r}")
-    merged: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
-    for section, values in (doc or {}).items():
+
+def _file_values(doc: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """A document's sections, checked for shape (every section known, each a mapping)."""
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    for section, items in (doc or {}).items():
         if section not in SECTIONS:
             raise _unknown(section, list(SECTIONS))
-        if not isinstance(values, dict):
-            raise UserError(f"config section {section!r} must be a mapping of key: value, got {values!r}")
-        merged[section].update(values)
+        if not isinstance(items, dict):
+            raise UserError(f"config section {section!r} must be a mapping of key: value, got {items!r}")
+        values[section].update(items)
+    steps, epochs = (values["schedule"].get(k) for k in LENGTH_KEYS)
+    if not _is_unset(steps) and not _is_unset(epochs):  # a command line's length could not say which one it replaces
+        raise UserError(f"schedule.steps={steps} and schedule.epochs={epochs} are both set; keep one of the two")
+    return values
+
+
+def _override_values(overrides: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """``section.key=value`` strings as sections of raw strings (_coerce types each by its field)."""
+    if isinstance(overrides, str):  # a str is a sequence too: each character would be read as an override
+        raise TypeError(f"overrides: expected a list of section.key=value strings, got the string {overrides!r}")
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
     for item in overrides:
         key, sep, raw = item.partition("=")
         section, dot, name = key.strip().partition(".")
@@ -378,20 +392,87 @@ def config_from_dict(doc: dict[str, Any], overrides: Sequence[str] = ()) -> Trai
             raise UserError(f"override {item!r}: expected section.key=value (e.g. optim.lr=3e-4)")
         if section not in SECTIONS:
             raise _unknown(section, list(SECTIONS))
-        merged[section][name] = raw.strip()  # a raw string: _coerce types it by the field
-    required = [f"{s}.{k}" for s, values in merged.items() for k, v in values.items() if v == REQUIRED]
-    if required:
-        raise UserError(f"{', '.join(required)}: required by this config; pass e.g. {required[0]}=...")
-    cfg = _build_config(merged)
-    if not cfg.run.init_from:
+        values[section][name] = raw.strip()
+    return values
+
+
+def _is_unset(value: Any) -> bool:
+    """None, or 0 for schedule.steps (older configs wrote it for "not set"), in YAML's or the command line's words."""
+    if isinstance(value, str):
+        return value.strip().lower() in ("none", "null", "0", "")
+    return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0)
+
+
+def _merge(file: dict[str, dict[str, Any]], cli: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The command line's values over the file's. A length on the command line (schedule.steps or
+    schedule.epochs) replaces the file's length in the other unit; both units on one level stay an error."""
+    merged = {section: {**file[section], **cli[section]} for section in SECTIONS}
+    for key, other in (LENGTH_KEYS, LENGTH_KEYS[::-1]):
+        if not _is_unset(cli["schedule"].get(key)) and other not in cli["schedule"] and other in file["schedule"]:
+            del merged["schedule"][other]
+    return merged
+
+
+def required_keys(values: dict[str, dict[str, Any]]) -> list[str]:
+    """The ``section.key`` names still marked ``???`` (REQUIRED)."""
+    return [f"{s}.{k}" for s, items in values.items() for k, v in items.items() if v == REQUIRED]
+
+
+def _without_required(values: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {s: {k: v for k, v in items.items() if v != REQUIRED} for s, items in values.items()}
+
+
+def _labelled(label: str | None, build: Callable[[], T]) -> T:
+    """build(), a UserError from it naming where the values came from (a file's path, the command line)."""
+    try:
+        return build()
+    except UserError as e:  # the same kind of error; anything else is a bug and keeps its traceback
+        if label is None:
+            raise
+        raise type(e)(f"{label}: {e}") from None
+
+
+def config_from_dict(
+    doc: dict[str, Any] | None,
+    overrides: Sequence[str] = (),
+    *,
+    origin: str | None = None,
+    listing: bool = False,
+) -> TrainConfig:
+    """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last).
+
+    A value ``???`` marks a key the user must supply (e.g. the data root of a shipped recipe). With run.init_from
+    set, every key of the fine-tuning recipe that neither doc nor overrides give is the recipe's
+    (vitkit.train.recipe.recipe_values): a file's explicit values count as the user's. A length on the command
+    line replaces doc's length in the other unit (schedule.steps=400 over a file's schedule.epochs).
+
+    origin: where doc came from (a file's path), named in doc's errors; the overrides' errors name the command
+    line. listing: a ``???`` key is left at its default rather than refused (``vitkit config``), and the recipe
+    is resolved only once nothing is missing.
+    """
+    file = _labelled(origin, lambda: _file_values(doc))
+    cli = _labelled(COMMAND_LINE, lambda: _override_values(overrides))
+    merged = _merge(file, cli)
+    missing = required_keys(merged)
+    if missing and not listing:
+        where = f"{origin}: " if origin else ""
+        raise UserError(f"{where}{', '.join(missing)}: required by this config; pass e.g. {missing[0]}=...")
+    if any(cli.values()):  # the file's values the command line leaves first, so a value is blamed where it was given
+        kept = {section: {k: v for k, v in file[section].items() if k not in cli[section]} for section in SECTIONS}
+        _labelled(origin, lambda: _build_config(_without_required(kept)))
+    label = COMMAND_LINE if any(cli.values()) else origin
+    merged = _without_required(merged)
+    cfg = _labelled(label, lambda: _build_config(merged))
+    if not cfg.run.init_from or missing:
         return cfg
     from .recipe import recipe_values  # a fine-tune: the one resolution of its recipe fills what was not given
 
     given = {f"{section}.{key}" for section, values in merged.items() for key in values}
-    for key, value in recipe_values(cfg, given).items():
+    init_label = COMMAND_LINE if "init_from" in cli["run"] else origin
+    for key, value in _labelled(init_label, lambda: recipe_values(cfg, given)).items():
         section, _, name = key.partition(".")
         merged[section][name] = value
-    return _build_config(merged)
+    return _labelled(label, lambda: _build_config(merged))
 
 
 def _build_config(merged: dict[str, dict[str, Any]]) -> TrainConfig:
@@ -485,16 +566,44 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     """Load a YAML config (a path or a shipped name; default: digits) and apply overrides.
 
     The run name defaults to the config's stem, so ``vitkit train`` writes to runs/digits (or runs/digits-1, ...).
+    An error names where its value came from: the file's path, or the command line.
     """
+    return _load(path, overrides, listing=False)[0]
+
+
+def load_config_for_listing(
+    path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> tuple[TrainConfig, list[str]]:
+    """load_config for ``vitkit config``: a key the file marks ``???`` and the overrides do not give is left at
+    its default and returned among the required keys, rather than refused."""
+    return _load(path, overrides, listing=True)
+
+
+def _load(path: str | Path | None, overrides: Sequence[str], listing: bool) -> tuple[TrainConfig, list[str]]:
     path = resolve_config_path(str(path) if path is not None else "digits")
     doc = read_config_file(path)
-    try:
-        cfg = config_from_dict(doc, overrides)
-    except UserError as e:  # the same kind of error, naming the file; anything else is a bug and keeps its traceback
-        raise type(e)(f"{path}: {e}") from None
+    cfg = config_from_dict(doc, overrides, origin=str(path), listing=listing)
     if cfg.run.name is None:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=path.stem))
-    return cfg
+    missing = required_keys(_merge(_file_values(doc), _override_values(overrides))) if listing else []
+    return cfg, missing
+
+
+def config_purpose(path: Path) -> str:
+    """A config file's one-line purpose: the first line of its header comment."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def describe_shipped_configs() -> str:
+    """The shipped configs, one a line: name and purpose (each YAML's header comment is the one source)."""
+    shipped = sorted(shipped_configs().items())
+    width = max(len(name) for name, _ in shipped)
+    return "\n".join(f"  {name:<{width}}  {config_purpose(path)}" for name, path in shipped)
 
 
 # ------------------------------------------------------------------------------------------- describing
@@ -510,22 +619,25 @@ def field_comments(cls: type) -> dict[str, str]:
     return comments
 
 
-def describe_config(cfg: TrainConfig | None = None) -> str:
+def describe_config(cfg: TrainConfig | None = None, required: Sequence[str] = ()) -> str:
     """Every key of a training config: ``section.key  type  value  meaning``; values are the defaults, or
-    cfg's. The model section lists the fields of ViTConfig (or of the named row's config class)."""
+    cfg's; a key in required (one the config marks ``???``) reads ``<required>``. The model section lists the
+    fields of ViTConfig (or of the named row's config class)."""
     cfg = cfg or TrainConfig()
-    rows = [("model.name", "str | None", repr(cfg.model.name), "a registered model; none: run.init_from's own")]
+    name = "<required>" if "model.name" in required else repr(cfg.model.name)
+    rows = [("model.name", "str | None", name, "a registered model; none: run.init_from's own")]
     model_cls = config_class(MODELS[cfg.model.name]["arch"]) if cfg.model.name else ViTConfig
     notes = field_comments(model_cls)
     for key, tp in _section_types(model_cls).items():
         value = cfg.model.fields.get(key, "(row's)" if cfg.model.name else "(checkpoint's)")
+        value = "<required>" if f"model.{key}" in required else value
         rows.append((f"model.{key}", _type_name(tp), str(value), notes.get(key, "")))
     for section, cls in SECTIONS.items():
         if section == "model":
             continue
         notes = field_comments(cls)
         for key, tp in _section_types(cls).items():
-            value = getattr(getattr(cfg, section), key)
-            rows.append((f"{section}.{key}", _type_name(tp), repr(value), notes.get(key, "")))
+            shown = "<required>" if f"{section}.{key}" in required else repr(getattr(getattr(cfg, section), key))
+            rows.append((f"{section}.{key}", _type_name(tp), shown, notes.get(key, "")))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     return "\n".join(f"{k:<{widths[0]}}  {t:<{widths[1]}}  {v:<{widths[2]}}  {m}".rstrip() for k, t, v, m in rows)

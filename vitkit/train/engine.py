@@ -49,7 +49,7 @@ from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
 from .config import ScheduleConfig, TrainConfig, load_config
-from .metrics import MetricsLog, plot_metrics, topk_correct
+from .metrics import MetricsLog, Pace, plot_metrics, topk_correct
 from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
 from .recipe import default_steps, init_from_checkpoint, read_source
@@ -256,6 +256,7 @@ class Trainer:
         self.t_start = time.perf_counter()
         self.lock: DirectoryLock | None = None
         self._signal: int | None = None  # set by SIGINT / SIGTERM during fit(): stop at the next step boundary
+        self.pace: Pace | None = None  # fit(): the duration measured on the first steps, said once
         self._threads = torch.get_num_threads()  # restored by close()
         if cfg.run.threads > 0:
             torch.set_num_threads(cfg.run.threads)
@@ -605,6 +606,8 @@ class Trainer:
             images += self.cfg.optim.batch_size
             if progress is not None:
                 progress.update(1)
+            if self.pace is not None and (line := self.pace.tick(self.step)):
+                (progress.write if progress is not None else print)(line)
             log_now = run.log_every > 0 and self.step % run.log_every == 0
             if log_now or self.step == self.total_steps:
                 elapsed = time.perf_counter() - t0
@@ -648,6 +651,7 @@ class Trainer:
             if self.init_report:
                 print(f"run.init_from: {self.init_report}")
         progress = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=not show)
+        self.pace = Pace(self.step, self.total_steps) if self.dist.is_main else None
         batches = self.batches(self.step)
         try:
             with self._signals_stop_at_step_boundary():
@@ -662,7 +666,9 @@ class Trainer:
             self.save()
         if self.dist.is_main and self.cfg.run.plots:
             smoothing = self.cfg.optim.label_smoothing if self.cfg.run.objective == "classification" else 0.0
-            plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=smoothing)
+            d, classifies = self.cfg.data, self.cfg.run.objective == "classification"
+            mixing = {"mixup": d.mixup_alpha, "cutmix": d.cutmix_alpha} if classifies else {}
+            plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=smoothing, **mixing)
             from ..report import write_run_report  # report/ sits above train/: imported where it is used
 
             write_run_report(self.run_dir, device=self.device)  # report.html: the run on one page

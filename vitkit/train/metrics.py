@@ -88,20 +88,37 @@ class MetricsLog:
 MARKER_MAX_POINTS = 20  # a series this short gets markers, so a lone point still shows
 
 
-def plot_metrics(records: list[dict[str, Any]], out_dir: str | Path, *, label_smoothing: float = 0.0) -> list[Path]:
+def plot_metrics(
+    records: list[dict[str, Any]],
+    out_dir: str | Path,
+    *,
+    label_smoothing: float = 0.0,
+    mixup: float = 0.0,
+    cutmix: float = 0.0,
+) -> list[Path]:
     """loss.png (train and eval loss) and accuracy.png (eval top-1/top-5) from metric records.
 
-    ``label_smoothing`` is the run's optim.label_smoothing: the train loss is then the smoothed cross-entropy,
-    which sits above the plain eval loss, and its legend says so.
+    ``label_smoothing``, ``mixup`` and ``cutmix`` are the run's optim.label_smoothing, data.mixup_alpha and
+    data.cutmix_alpha: the train loss is then a cross-entropy against smoothed or mixed (soft) targets, which sits
+    above the plain eval loss, and its legend says so.
     """
     out_dir = Path(out_dir)
-    return [
-        _save(loss_figure(records, label_smoothing=label_smoothing), out_dir / "loss.png"),
-        _save(accuracy_figure(records), out_dir / "accuracy.png"),
-    ]
+    figure = loss_figure(records, label_smoothing=label_smoothing, mixup=mixup, cutmix=cutmix)
+    return [_save(figure, out_dir / "loss.png"), _save(accuracy_figure(records), out_dir / "accuracy.png")]
 
 
-def loss_figure(records: list[dict[str, Any]], *, label_smoothing: float = 0.0) -> Figure:
+def train_loss_label(label_smoothing: float = 0.0, mixup: float = 0.0, cutmix: float = 0.0) -> str:
+    """The train loss's legend: what its targets were, when they were not the labels themselves."""
+    mixing = [f"{name} {alpha:g}" for name, alpha in (("mixup", mixup), ("cutmix", cutmix)) if alpha > 0]
+    smoothing = [f"label smoothing {label_smoothing:g}"] if label_smoothing > 0 else []
+    if mixing:
+        return f"train loss ({' / '.join(mixing + smoothing)}: soft targets)"
+    return f"train loss ({smoothing[0]})" if smoothing else "train loss"
+
+
+def loss_figure(
+    records: list[dict[str, Any]], *, label_smoothing: float = 0.0, mixup: float = 0.0, cutmix: float = 0.0
+) -> Figure:
     """Train and eval loss against step; a log scale only when the loss spans more than a decade."""
     from matplotlib.figure import Figure
 
@@ -110,7 +127,7 @@ def loss_figure(records: list[dict[str, Any]], *, label_smoothing: float = 0.0) 
     fig = Figure(figsize=(6, 4))
     ax = fig.add_subplot()
     _readable_axes(ax)
-    label = f"train loss (label smoothing {label_smoothing:g})" if label_smoothing > 0 else "train loss"
+    label = train_loss_label(label_smoothing, mixup, cutmix)
     _plot(ax, [r["step"] for r in train], [r["loss"] for r in train], "o", "-", label)
     mpp = any("eval_mpp_loss" in r for r in evals)
     key = "eval_mpp_loss" if mpp else "eval_loss"
@@ -146,6 +163,9 @@ def accuracy_figure(records: list[dict[str, Any]]) -> Figure:
     _plot(ax, steps, [r["eval_top5"] for r in evals], "s", "--", "eval top-5")
     _plot(ax, [r["step"] for r in mpp], [r["eval_mpp_acc"] for r in mpp], "o", "-", "eval MPP colour accuracy")
     ax.set(xlabel="step", ylabel="accuracy", title="held-out accuracy" + _weights(evals + mpp))
+    ax.set_ylim(0, 1)  # accuracy's whole range, 0-100%: no tick past 100%, and runs compare at a glance
+    for line in ax.get_lines():
+        line.set_clip_on(False)  # a marker at 100% drawn whole on the top edge
     _finish(ax)
     return fig
 
@@ -179,3 +199,37 @@ def _save(fig: Figure, path: Path) -> Path:
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     return path
+
+
+# ------------------------------------------------------------------------------------------------- pace
+class Pace:
+    """The run's remaining duration, measured on its first steps and said once.
+
+    The first step pays for warm-up (allocation, compilation), so timing starts after it and runs over the
+    next PACE_STEPS steps; ``tick(step)`` after each step returns the line to print, once, or None.
+    """
+
+    def __init__(self, step: int, total_steps: int, steps: int = 5) -> None:
+        self.start, self.total, self.steps = step + 1, total_steps, steps
+        self.t0: float | None = None
+        self.done = total_steps - step <= 1 + steps  # a run that short is over before a figure would help
+
+    def tick(self, step: int) -> str | None:
+        import time
+
+        from .recipe import format_duration
+
+        if self.done:
+            return None
+        if step == self.start:
+            self.t0 = time.perf_counter()
+            return None
+        if self.t0 is None or step < self.start + self.steps:
+            return None
+        self.done = True
+        per_step = (time.perf_counter() - self.t0) / (step - self.start)
+        left = self.total - step
+        return (
+            f"measured {per_step:.3g} s a step (steps {self.start + 1}-{step}): about "
+            f"{format_duration(per_step * left)} for the {left:,} steps left, evaluations aside"
+        )

@@ -29,7 +29,14 @@ What it fills, each only where not given:
   optimizer (``optim.name=sgd``) takes that optimizer's recipe whatever the source's size;
 * schedule: cosine decay after a linear warmup of 5% of the run;
 * length: the paper's for the data's size (``default_steps``), as images seen, capped at the passes over the
-  data of the paper's CIFAR fine-tune.
+  data of the paper's CIFAR fine-tune;
+* evaluation: EVALUATIONS (10) over the run (run.eval_every), so that the accuracy plot is a curve;
+* run settings: those of a source run directory's config.yaml that a user set for their machine and outputs
+  (CARRIED_RUN_KEYS: threads, device, amp, compile, log_every, eval_batch_size, progress, plots, tensorboard);
+  never its out_dir, name, resume, init_from, seed, objective or step cadences.
+
+``describe_plan`` says what a run will do before it starts (and on a CPU, how long its FLOPs take);
+``run_name`` names a fine-tune after its source.
 
 ``init_from_checkpoint`` loads every weight a checkpoint holds (any format vitkit.load_pretrained reads, or a
 pretrained tag), with the position embeddings resampled to the configured resolution (sec 3.2); then it
@@ -78,6 +85,26 @@ OPTIMIZER_RECIPES: dict[str, dict[str, Any]] = {
 }
 SCHEDULE = {"decay": "cosine"}
 PREPROCESSING_KEYS = ("img_size", "mean", "std", "eval_crop_fraction")
+EVALUATIONS = 10  # a fine-tune's evaluations over the run (run.eval_every), so its accuracy plot is a curve
+# What a fine-tune of a run directory keeps of that run's settings: how and where it runs and what it writes,
+# which a user set for their machine. Not kept: out_dir, name, resume, resume_with_changes, init_from (this run's
+# own), seed (a fine-tune is its own experiment: run.seed=S to choose), objective (a fine-tune classifies), and
+# eval_every / save_every (steps of the source's length, not this one's).
+CARRIED_RUN_KEYS = (
+    "threads",
+    "device",
+    "amp",
+    "compile",
+    "log_every",
+    "eval_batch_size",
+    "progress",
+    "plots",
+    "tensorboard",
+)
+CHECKPOINT_SUFFIXES = (".npz", ".safetensors", ".pth", ".pt", ".bin", ".ckpt")
+# A rough training rate of one CPU thread, in FLOP/s (fp32; the digits config runs at about 35 GFLOP/s on one
+# thread of a 2-core machine), for the duration a CPU run is told before it starts
+CPU_FLOPS_PER_THREAD = 40e9
 
 
 def default_steps(num_train: int, batch_size: int) -> int:
@@ -152,9 +179,10 @@ def recipe_values(cfg: TrainConfig, given: set[str]) -> dict[str, Any]:
         optimizer = out["optim.name"] = default_optimizer(ckpt)
     out.update({f"optim.{k}": v for k, v in OPTIMIZER_RECIPES.get(optimizer, {}).items()})
     out.update({f"schedule.{k}": v for k, v in SCHEDULE.items()})
+    out.update(source_run_settings(cfg.run.init_from))
 
     length_given = {"schedule.steps", "schedule.epochs"} & given
-    if {"optim.batch_size", "schedule.warmup_steps"} <= given and length_given:
+    if {"optim.batch_size", "schedule.warmup_steps", "run.eval_every"} <= given and length_given:
         return {k: v for k, v in out.items() if k not in given}
     train_set, _, _ = build_datasets(cfg.data)
     assert isinstance(train_set, Sized)  # every training set vitkit builds has a length
@@ -173,7 +201,31 @@ def recipe_values(cfg: TrainConfig, given: set[str]) -> dict[str, Any]:
     else:
         steps = out["schedule.steps"] = default_steps(num_train, batch)
     out["schedule.warmup_steps"] = round(WARMUP_FRACTION * steps)
+    out["run.eval_every"] = max(1, steps // EVALUATIONS)
     return {k: v for k, v in out.items() if k not in given}
+
+
+def source_run_settings(source: str) -> dict[str, Any]:
+    """The settings of a source run directory's config.yaml that a fine-tune of it keeps (CARRIED_RUN_KEYS), as
+    ``run.key`` values; nothing for a source that is no run directory."""
+    path = Path(source) / "config.yaml"
+    if not path.is_file():
+        return {}
+    from .config import read_config_file
+
+    run = read_config_file(path).get("run") or {}
+    if not isinstance(run, dict):
+        raise UserError(f"{path}: the 'run' section must be a mapping of key: value")
+    return {f"run.{k}": run[k] for k in CARRIED_RUN_KEYS if k in run}
+
+
+def run_name(source: str) -> str:
+    """A fine-tune's run name: ``finetune-`` and the source's name, lowercased, without a file's extension
+    (``ViT-B_16.npz`` -> ``finetune-vit-b_16``, ``runs/digits`` -> ``finetune-digits``)."""
+    path = Path(str(source).rstrip("/"))
+    stem = path.stem if path.suffix.lower() in CHECKPOINT_SUFFIXES else path.name
+    name = re.sub(r"[^a-z0-9_.-]+", "_", stem.lower()).strip("._-")
+    return f"finetune-{name or 'model'}"
 
 
 def finetune_config(source: str, data: str, overrides: Sequence[str] = ()) -> TrainConfig:
@@ -181,6 +233,73 @@ def finetune_config(source: str, data: str, overrides: Sequence[str] = ()) -> Tr
     the data, the source, a run name; every other value is the recipe's (``recipe_values``) or the user's."""
     from .config import config_from_dict, data_section
 
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(str(source).rstrip("/")).name) or "model"
-    doc = {"data": data_section(data), "run": {"init_from": str(source), "name": f"finetune-{name}"}}
+    doc = {"data": data_section(data), "run": {"init_from": str(source), "name": run_name(source)}}
     return config_from_dict(doc, list(overrides))
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+def format_duration(seconds: float) -> str:
+    """A duration as a person says it: seconds, minutes, hours or days."""
+    for unit, size, limit in (("s", 1, 90), ("min", 60, 90 * 60), ("hours", 3600, 48 * 3600)):
+        if seconds < limit:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / 86400:.0f} days"
+
+
+def run_steps(cfg: TrainConfig, num_train: int) -> int:
+    """The run's optimizer steps as the engine counts them on one process (Trainer._run_length)."""
+    from .engine import DEFAULT_EPOCHS
+
+    per_epoch = max(num_train // cfg.optim.batch_size, 1)
+    s = cfg.schedule
+    if s.steps is not None:
+        return s.steps
+    if s.epochs is not None:
+        return math.ceil(s.epochs * per_epoch)
+    if cfg.run.init_from:
+        return default_steps(num_train, cfg.optim.batch_size)
+    return math.ceil(DEFAULT_EPOCHS * per_epoch)
+
+
+def describe_plan(cfg: TrainConfig) -> str:
+    """What a run will do, said before it starts: source, data, classes, images, optimizer, batch, steps,
+    warmup, resolution; on a CPU, the duration its FLOPs take at CPU_FLOPS_PER_THREAD (hours or days said
+    plainly). The duration measured on the first steps follows once training runs (vitkit.train.metrics.Pace)."""
+    import torch
+
+    from ..bench.flops import model_flops
+    from ..models import count_params
+    from .engine import build_model
+
+    train_set, eval_set, info = build_datasets(cfg.data)
+    assert isinstance(train_set, Sized) and isinstance(eval_set, Sized)
+    source = read_source(cfg.run.init_from) if cfg.run.init_from else None
+    with torch.device("meta"):  # shapes only: no memory, no init time
+        model = build_model(cfg, info, source)
+    steps = run_steps(cfg, len(train_set))
+    o, s, d = cfg.optim, cfg.schedule, cfg.data
+    what = f"fine-tuning {cfg.run.init_from}" if cfg.run.init_from else f"training {cfg.model.name} from scratch"
+    extras = [f"layer decay {o.layer_decay:g}"] if o.layer_decay < 1 else []
+    extras += [f"mixup {d.mixup_alpha:g}"] if d.mixup_alpha > 0 else []
+    extras += [f"cutmix {d.cutmix_alpha:g}"] if d.cutmix_alpha > 0 else []
+    lines = [
+        f"{what} ({count_params(model):,} params) on {d.source}{f' ({d.root})' if d.root else ''}: "
+        f"{info.num_classes} classes, {len(train_set):,} train / {len(eval_set):,} eval images at {info.img_size} px",
+        f"  {o.name} lr {o.lr:g}, weight decay {o.weight_decay:g}{''.join(', ' + e for e in extras)}; batch "
+        f"{o.batch_size}{f' ({o.accum_steps} micro-batches)' if o.accum_steps > 1 else ''}; {steps:,} steps "
+        f"(warmup {s.warmup_steps}, {s.decay}); evaluated "
+        + (f"every {cfg.run.eval_every} steps" if 0 < cfg.run.eval_every < steps else "at the end"),
+    ]
+    device = cfg.run.device
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    if on_cpu:
+        threads = cfg.run.threads or torch.get_num_threads()
+        flops = 3 * model_flops(model, info.img_size)  # a training step: forward and backward
+        seconds = flops * o.batch_size * steps / (threads * CPU_FLOPS_PER_THREAD)
+        long = " -- a long job for a CPU; a GPU (run.device=cuda) is the place for it" if seconds > 3600 else ""
+        lines.append(
+            f"  on this CPU ({threads} thread{'s' if threads > 1 else ''}): about {format_duration(seconds)} by its "
+            f"FLOPs ({flops * o.batch_size / 1e9:.3g} GFLOP a step at ~{CPU_FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s a "
+            f"thread){long}"
+        )
+    return "\n".join(lines)
