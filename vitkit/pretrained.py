@@ -25,15 +25,18 @@ The official weights are released with google-research/vision_transformer under 
 copies also declare.
 
 Downloads go to one cache directory: ``$VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit``, else
-``~/.cache/vitkit``. A URL file is saved under the path of its URL there; it is written to a temporary name
-and renamed only when it is checked (its announced length, its size exact or as listed, its checksum where
-known, and that it reads as its format: an .npz whose members all read back, with that format's arrays), under
-a lock file, so an interrupted, concurrent or bad download never leaves a file under the final name; what a
-killed one left is removed by the next, and one download has an overall deadline (``$VITKIT_DOWNLOAD_DEADLINE``
-seconds, 4 hours by default) so a server that trickles bytes cannot hold it forever. Hub files go through
-huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars) into its own cache, or into
-``$VITKIT_CACHE/huggingface`` when VITKIT_CACHE is set; a copy put by hand at ``<cache>/<repo>/<file>`` is
-used first. A file in the cache is used without any network access.
+``~/.cache/vitkit``. A URL file is saved under the path of its URL there, downloaded by huggingface_hub's
+``http_get`` (its HTTP session and proxies; a dropped connection is resumed with a Range request); it is written
+to a temporary name and renamed only when it is checked, resumed or not (its announced length, its size exact
+or as listed, its checksum where known, and that it reads as its format: an .npz whose members all read back,
+with that format's arrays), under a lock file, so an interrupted, concurrent or bad download never leaves a
+file under the final name; what a killed one left is removed by the next, and one download has an overall
+deadline (``$VITKIT_DOWNLOAD_DEADLINE`` seconds, 4 hours by default) so a server that trickles bytes cannot
+hold it forever. A server (or Hub) that cannot be reached at all (connection refused, no such host) fails at
+once, in one line, instead of after retries with backoff; HF_HUB_OFFLINE stops URL downloads as it stops the
+Hub's. Hub files go through huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars) into its
+own cache, or into ``$VITKIT_CACHE/huggingface`` when VITKIT_CACHE is set; a copy put by hand at
+``<cache>/<repo>/<file>`` is used first. A file in the cache is used without any network access.
 
 A tag means one file. A cached file is checked before each use: never verified yet, by its listed size and
 that it reads as its format; once verified, against the sha256 recorded then. The first load of a file checks
@@ -587,9 +590,11 @@ def download_url(
     same file waits on the lock and then uses the first one's result; an interrupted one leaves nothing under
     dst, and what a killed one left (atomic_write's temporary files) is removed by the next. The whole download
     must finish within ``deadline`` seconds (default ``download_deadline()``), so a server that trickles bytes
-    does not hold it forever. Failures are one-line UserErrors naming the URL (or dst, for a full disk): an HTTP
-    error, a redirect loop, a body shorter than announced, a size / sha256 / format mismatch (the download is
-    deleted), the deadline, or no network (with where to put the file by hand).
+    does not hold it forever. The body comes through huggingface_hub's ``http_get`` (see ``_fetch``), which
+    resumes a dropped connection. Failures are one-line UserErrors naming the URL (or dst, for a full disk): an
+    HTTP error, a redirect loop, a body shorter than announced (after http_get's retries), a size / sha256 /
+    format mismatch (the download is deleted), the deadline, HF_HUB_OFFLINE, or no network (with where to put
+    the file by hand).
     """
     import glob
 
@@ -712,8 +717,10 @@ def _unreachable(url: str) -> str | None:
     from huggingface_hub.utils import http_backoff
 
     try:
-        no_retries: dict[str, Any] = dict(max_retries=0, retry_on_exceptions=(), retry_on_status_codes=())
-        http_backoff("HEAD", url, follow_redirects=False, timeout=constants.HF_HUB_ETAG_TIMEOUT, **no_retries)
+        http_backoff(
+            "HEAD", url, max_retries=0, retry_on_exceptions=(), retry_on_status_codes=(), follow_redirects=False,
+            timeout=constants.HF_HUB_ETAG_TIMEOUT,
+        )  # fmt: skip
     except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
         return _first_line(e)
     except (httpx2.HTTPError, httpx2.InvalidURL, OSError):
@@ -743,7 +750,7 @@ def _fetch(url: str, tmp: Path, dst: Path, progress: bool, deadline: float) -> N
                 out = stack.enter_context(open(tmp, "wb"))  # the module's open: a test stands in a full disk
             except OSError as e:
                 raise _DiskError(e) from e
-            with _chunk_per_read():
+            with _chunk_per_read():  # no expected_size: a size that differs is _check_file's to report, with both
                 http_get(
                     url, _Body(out, ends), headers={"Accept-Encoding": "identity"}, displayed_filename=dst.name,
                     tqdm_class=_tqdm_class(progress),
