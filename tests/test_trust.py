@@ -336,3 +336,72 @@ def test_a_refused_hub_connection_prints_vitkits_line_only(cache, monkeypatch, c
     assert out == "" and err == ""
     assert not [r for r in caplog.records if r.name.startswith("huggingface_hub")]
     assert logging.getLogger("huggingface_hub").level == level  # left as it was for the rest of the process
+
+
+def resumable(data: bytes, rest: bytes | None = None) -> tuple[Handler, list[str | None]]:
+    """Serves data, but the first answer drops the connection halfway; a Range request gets the rest (``rest``
+    in place of the true remainder, when given). Returns the handler and the Range header of each request."""
+    ranges: list[str | None] = []
+
+    def answer(h: http.server.BaseHTTPRequestHandler) -> None:
+        asked = h.headers.get("Range")
+        ranges.append(asked)
+        if asked is None:
+            h.send_response(200)
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.write(data[: len(data) // 2])  # then the connection drops
+        else:
+            start = int(asked.removeprefix("bytes=").removesuffix("-"))
+            tail = data[start:] if rest is None else rest
+            h.send_response(206)
+            h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+            h.send_header("Content-Length", str(len(tail)))
+            h.end_headers()
+            h.wfile.write(tail)
+        h.wfile.flush()
+        h.close_connection = True
+
+    return answer, ranges
+
+
+def test_a_dropped_connection_is_resumed_and_the_whole_file_checked(server, cache):
+    data = npz_bytes(tiny_model())
+    server.routes["/w/tiny.npz"], ranges = resumable(data)
+    row = row_at(server, "/w/tiny.npz", sha256=hashlib.sha256(data).hexdigest())
+    path, _ = fetch(row)
+    assert path.read_bytes() == data and ranges == [None, f"bytes={len(data) // 2}-"]
+    assert leftovers(cache) == []
+
+
+def test_a_resumed_body_that_does_not_fit_never_gets_the_final_name(server, cache):
+    data = npz_bytes(tiny_model())
+    half = len(data) // 2
+    wrong = bytearray(data[half:])
+    wrong[10] ^= 0xFF  # one byte of an array's data: the zip directory at the end still reads
+    server.routes["/w/tiny.npz"], ranges = resumable(data, rest=bytes(wrong))
+    row = row_at(server, "/w/tiny.npz")
+    with pytest.raises(UserError) as e:
+        fetch(row)
+    assert one_line(e).startswith(f"{row.url}: the download is member ") and "corrupt" in str(e.value)
+    assert ranges == [None, f"bytes={half}-"]
+    assert not (cache / "w" / "tiny.npz").exists() and leftovers(cache) == []
+
+
+def test_hf_hub_offline_stops_a_url_download_too(server, cache, monkeypatch):
+    from huggingface_hub import constants
+
+    before = constants.DOWNLOAD_CHUNK_SIZE
+    server.routes["/w/tiny.npz"], ranges = resumable(npz_bytes(tiny_model()))
+    row = row_at(server, "/w/tiny.npz")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(UserError) as e:
+        fetch(row)
+    path = cache / "w" / "tiny.npz"
+    assert (
+        one_line(e) == f"{row.url}: not in the cache and HF_HUB_OFFLINE is set; fetch it elsewhere and put it at {path}"
+    )
+    assert ranges == []
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    assert fetch(row)[0] == path
+    assert before == constants.DOWNLOAD_CHUNK_SIZE  # huggingface_hub's setting, as it was before the download

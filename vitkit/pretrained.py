@@ -25,15 +25,18 @@ The official weights are released with google-research/vision_transformer under 
 copies also declare.
 
 Downloads go to one cache directory: ``$VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit``, else
-``~/.cache/vitkit``. A URL file is saved under the path of its URL there; it is written to a temporary name
-and renamed only when it is checked (its announced length, its size exact or as listed, its checksum where
-known, and that it reads as its format: an .npz whose members all read back, with that format's arrays), under
-a lock file, so an interrupted, concurrent or bad download never leaves a file under the final name; what a
-killed one left is removed by the next, and one download has an overall deadline (``$VITKIT_DOWNLOAD_DEADLINE``
-seconds, 4 hours by default) so a server that trickles bytes cannot hold it forever. Hub files go through
-huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars) into its own cache, or into
-``$VITKIT_CACHE/huggingface`` when VITKIT_CACHE is set; a copy put by hand at ``<cache>/<repo>/<file>`` is
-used first. A file in the cache is used without any network access.
+``~/.cache/vitkit``. A URL file is saved under the path of its URL there, downloaded by huggingface_hub's
+``http_get`` (its HTTP session and proxies; a dropped connection is resumed with a Range request); it is written
+to a temporary name and renamed only when it is checked, resumed or not (its announced length, its size exact
+or as listed, its checksum where known, and that it reads as its format: an .npz whose members all read back,
+with that format's arrays), under a lock file, so an interrupted, concurrent or bad download never leaves a
+file under the final name; what a killed one left is removed by the next, and one download has an overall
+deadline (``$VITKIT_DOWNLOAD_DEADLINE`` seconds, 4 hours by default) so a server that trickles bytes cannot
+hold it forever. A server (or Hub) that cannot be reached at all (connection refused, no such host) fails at
+once, in one line, instead of after retries with backoff; HF_HUB_OFFLINE stops URL downloads as it stops the
+Hub's. Hub files go through huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars) into its
+own cache, or into ``$VITKIT_CACHE/huggingface`` when VITKIT_CACHE is set; a copy put by hand at
+``<cache>/<repo>/<file>`` is used first. A file in the cache is used without any network access.
 
 A tag means one file. A cached file is checked before each use: never verified yet, by its listed size and
 that it reads as its format; once verified, against the sha256 recorded then. The first load of a file checks
@@ -58,13 +61,16 @@ import difflib
 import errno
 import fnmatch
 import hashlib
+import io
 import os
+import threading
+import time
 import urllib.parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from .errors import UserError
 from .io import atomic_write, atomic_write_text
@@ -72,6 +78,9 @@ from .models.registry import MODELS
 from .preprocessing import Preprocessing
 
 if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
+    from tqdm import tqdm
+
     from .checkpoint.base import Checkpoint
 
 __all__ = [
@@ -547,7 +556,6 @@ def _lock(path: Path):
 
 DEADLINE_ENV = "VITKIT_DOWNLOAD_DEADLINE"
 DEFAULT_DEADLINE = 4 * 3600.0  # seconds for one whole file: a 2.5 GiB file at 2 MB/s takes about 20 minutes
-READ_TIMEOUT = 60.0  # seconds without a byte before a connection counts as dead
 
 
 def download_deadline() -> float:
@@ -582,9 +590,11 @@ def download_url(
     same file waits on the lock and then uses the first one's result; an interrupted one leaves nothing under
     dst, and what a killed one left (atomic_write's temporary files) is removed by the next. The whole download
     must finish within ``deadline`` seconds (default ``download_deadline()``), so a server that trickles bytes
-    does not hold it forever. Failures are one-line UserErrors naming the URL (or dst, for a full disk): an HTTP
-    error, a redirect loop, a body shorter than announced, a size / sha256 / format mismatch (the download is
-    deleted), the deadline, or no network (with where to put the file by hand).
+    does not hold it forever. The body comes through huggingface_hub's ``http_get`` (see ``_fetch``), which
+    resumes a dropped connection. Failures are one-line UserErrors naming the URL (or dst, for a full disk): an
+    HTTP error, a redirect loop, a body shorter than announced (after http_get's retries), a size / sha256 /
+    format mismatch (the download is deleted), the deadline, HF_HUB_OFFLINE, or no network (with where to put
+    the file by hand).
     """
     import glob
 
@@ -601,6 +611,8 @@ def download_url(
         if reason:
             raise UserError(f"{url}: the download is {reason}; it was deleted (run again to retry)")
 
+    if _hub_offline():  # huggingface_hub's session, which downloads it, refuses any request then
+        raise UserError(f"{url}: not in the cache and HF_HUB_OFFLINE is set; fetch it elsewhere and put it at {dst}")
     with _lock(dst):
         if not dst.is_file():  # else another process (or an earlier call) finished it while we waited
             for stale in dst.parent.glob(f".{glob.escape(dst.name)}.*.tmp"):  # what a killed download left
@@ -621,68 +633,167 @@ class _Expired(Exception):
     """The download ran past its overall deadline."""
 
 
+class _Stalled(Exception):
+    """The server dropped the connection again no further into the file than before (see ``_Body.seek``)."""
+
+
+class _Body(io.RawIOBase, BinaryIO):
+    """The file huggingface_hub's ``http_get`` writes a download into: vitkit's temporary file (atomic_write's),
+    with the overall deadline checked on each write (so a server that trickles bytes is cut off), and a write
+    the system refuses told apart from the network's errors."""
+
+    def __init__(self, file: BinaryIO, ends: float) -> None:
+        super().__init__()
+        self.file, self.ends = file, ends
+        self.reached = 0  # how far the furthest attempt got before the server made http_get start over
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: ReadableBuffer) -> int:
+        if time.monotonic() > self.ends:
+            raise _Expired
+        try:
+            return self.file.write(data)
+        except OSError as e:
+            raise _DiskError(e) from e
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        # http_get resumes a dropped connection with a Range request; it seeks only to start over from the first
+        # byte when the server ignores Range and sends the whole file again. Starting over is worth it only while
+        # each attempt gets further than the last: a connection that always drops at the same byte would loop.
+        got = self.file.tell()
+        if got <= self.reached:
+            raise _Stalled(f"the connection dropped again at byte {got}")
+        self.reached = got
+        return self.file.seek(offset, whence)
+
+    def truncate(self, size: int | None = None) -> int:
+        try:
+            return self.file.truncate(size)
+        except OSError as e:
+            raise _DiskError(e) from e
+
+
+# The chunk size huggingface_hub's http_get hands to its file is a module constant of huggingface_hub (10 MiB,
+# buffered before each write), with no argument to pass another. Buffered so, a server trickling less than
+# 10 MiB would never reach _Body.write, where the deadline is checked. While vitkit downloads, the constant is
+# None: httpx2's iter_bytes(chunk_size=None) yields each network read as it comes (the same bytes, in smaller
+# pieces). It is put back when the last of vitkit's downloads in this process ends.
+_CHUNKS = threading.Lock()
+_chunk_users = 0
+_chunk_size = 10 * 2**20  # huggingface_hub's value, read again when the first download starts
+
+
+@contextlib.contextmanager
+def _chunk_per_read() -> Iterator[None]:
+    global _chunk_users, _chunk_size
+    from huggingface_hub import constants
+
+    with _CHUNKS:
+        if _chunk_users == 0:
+            _chunk_size = constants.DOWNLOAD_CHUNK_SIZE
+            constants.DOWNLOAD_CHUNK_SIZE = None  # type: ignore[assignment]  # declared int; iter_bytes takes None
+        _chunk_users += 1
+    try:
+        yield
+    finally:
+        with _CHUNKS:
+            _chunk_users -= 1
+            if _chunk_users == 0:
+                constants.DOWNLOAD_CHUNK_SIZE = _chunk_size
+
+
+def _unreachable(url: str) -> str | None:
+    """Why ``url``'s server cannot be reached at all (connection refused, no such host, no answer to connect),
+    or None when a connection opens, whatever the answer. One HEAD request through huggingface_hub's session,
+    without its retries: its downloads retry a refused connection with backoff (20 s and more), which is right
+    for a server that hiccups, not for a machine that is offline."""
+    import httpx2
+    from huggingface_hub import constants
+    from huggingface_hub.utils import http_backoff
+
+    try:
+        http_backoff(
+            "HEAD", url, max_retries=0, retry_on_exceptions=(), retry_on_status_codes=(), follow_redirects=False,
+            timeout=constants.HF_HUB_ETAG_TIMEOUT,
+        )  # fmt: skip
+    except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
+        return _first_line(e)
+    except (httpx2.HTTPError, httpx2.InvalidURL, OSError):
+        return None  # anything else is for the download itself to meet and report
+    return None
+
+
 def _fetch(url: str, tmp: Path, dst: Path, progress: bool, deadline: float) -> None:
-    """The body of ``url`` into ``tmp``; failures as UserErrors (a full disk as one naming ``dst``)."""
-    import time
+    """The body of ``url`` into ``tmp`` through huggingface_hub's ``http_get`` (its session, proxies, resume of
+    a dropped connection with Range requests); failures as one-line UserErrors (a full disk as one naming dst).
+    The UserError is raised outside the except clauses, so no OSError rides along as its context."""
+    import httpx2
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+    from huggingface_hub.file_download import http_get
 
-    import httpx2  # huggingface_hub's HTTP client
-
-    started = time.monotonic()
+    ends = time.monotonic() + deadline
+    by_hand = f"fetch this URL elsewhere and put the file at {dst}"
+    with _quiet_hub():
+        reason = _unreachable(url)
+    if reason is not None:
+        raise UserError(f"{url}: cannot download ({reason}); without network access, {by_hand}")
+    problem: str | None = None
     try:
         with contextlib.ExitStack() as stack:
+            stack.enter_context(_quiet_hub())
             try:
-                out = stack.enter_context(open(tmp, "wb"))
+                out = stack.enter_context(open(tmp, "wb"))  # the module's open: a test stands in a full disk
             except OSError as e:
                 raise _DiskError(e) from e
-            client = httpx2.Client(follow_redirects=True, max_redirects=10, timeout=httpx2.Timeout(READ_TIMEOUT))
-            stack.enter_context(client)
-            response = stack.enter_context(client.stream("GET", url, headers={"Accept-Encoding": "identity"}))
-            if response.status_code != 200:
-                raise UserError(f"{url}: HTTP {response.status_code} {response.reason_phrase}; no file was saved")
-            announced = response.headers.get("Content-Length")
-            total = int(announced) if announced and announced.isdigit() else None
-            bar = _progress_bar(dst.name, total, progress)
-            got = 0
-            with bar:
-                for chunk in response.iter_raw():
-                    try:
-                        out.write(chunk)
-                    except OSError as e:
-                        raise _DiskError(e) from e
-                    got += len(chunk)
-                    bar.update(len(chunk))
-                    if time.monotonic() - started > deadline:
-                        raise _Expired
-            try:
-                out.flush()  # so that closing the file has nothing left to write (and fail on)
-            except OSError as e:
-                raise _DiskError(e) from e
-            if total is not None and got < total:
-                raise httpx2.RemoteProtocolError(f"received {got} of {total} bytes")
+            with _chunk_per_read():  # no expected_size: a size that differs is _check_file's to report, with both
+                http_get(
+                    url, _Body(out, ends), headers={"Accept-Encoding": "identity"}, displayed_filename=dst.name,
+                    tqdm_class=_tqdm_class(progress),
+                )  # fmt: skip
+                try:
+                    out.flush()  # so that closing the file has nothing left to write (and fail on)
+                except OSError as e:
+                    raise _DiskError(e) from e
     except _DiskError as e:
         full = e.errno in (errno.ENOSPC, errno.EDQUOT)
         hint = f"; free space in {dst.parent} or set VITKIT_CACHE to another disk" if full else ""
-        raise UserError(f"{dst}: could not be written ({e}){hint}; no file was saved") from None
+        problem = f"{dst}: could not be written ({e}){hint}; no file was saved"
     except _Expired:
-        raise UserError(
+        problem = (
             f"{url}: the download took over {deadline:g} s (the server is too slow, or stalls); no file was saved; "
             f"set {DEADLINE_ENV} to allow more"
-        ) from None
+        )
+    except HfHubHTTPError as e:
+        status = e.response.status_code
+        problem = f"{url}: HTTP {status} {e.response.reason_phrase}; no file was saved"
     except httpx2.TooManyRedirects:
-        raise UserError(f"{url}: too many redirects (a redirect loop); no file was saved") from None
-    except httpx2.RemoteProtocolError as e:  # the server closed the connection before the announced length
-        raise UserError(f"{url}: the download ended early ({e}); no file was saved, run again to retry") from None
-    except (httpx2.TransportError, httpx2.InvalidURL, OSError) as e:
-        raise UserError(
-            f"{url}: cannot download ({_first_line(e)}); without network access, fetch this URL elsewhere and put "
-            f"the file at {dst}"
-        ) from None
+        problem = f"{url}: too many redirects (a redirect loop); no file was saved"
+    except OfflineModeIsEnabled:
+        problem = f"{url}: not in the cache and HF_HUB_OFFLINE is set; {by_hand}"
+    except (httpx2.RemoteProtocolError, _Stalled, OSError) as e:
+        # the server closed the connection before the announced length, each retry included (http_get says so
+        # with an OSError: "Consistency check failed")
+        problem = f"{url}: the download ended early ({_first_line(e)}); no file was saved, run again to retry"
+    except (httpx2.TransportError, httpx2.InvalidURL) as e:
+        problem = f"{url}: cannot download ({_first_line(e)}); without network access, {by_hand}"
+    if problem is not None:
+        raise UserError(problem)
 
 
-def _progress_bar(name: str, total: int | None, show: bool) -> Any:
+def _tqdm_class(show: bool) -> type[tqdm]:
+    """A byte-counting progress bar class, shown or not, for huggingface_hub's downloads."""
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=name, disable=not show, leave=False)
+    class Bar(tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **{**kwargs, "unit_divisor": 1024, "leave": False, "disable": not show})
+
+    return Bar
 
 
 def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
@@ -706,11 +817,15 @@ def _download_hub(row: PretrainedRow, progress: bool = True) -> Path:
             if _hub_offline():
                 raise UserError(f"{url}: not in the cache and HF_HUB_OFFLINE is set; {by_hand}") from None
             endpoint = os.environ.get("HF_ENDPOINT") or None  # read per call (huggingface_hub reads it at import)
+            with _quiet_hub():
+                reason = _unreachable(url)
+            if reason is not None:
+                raise UserError(f"{url}: cannot download ({reason}); without network access, {by_hand}") from None
             try:
                 with _quiet_hub():
                     got = hf_hub_download(
                         row.repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
-                        tqdm_class=None if progress else _silent_tqdm(),
+                        tqdm_class=None if progress else _tqdm_class(False),
                     )  # fmt: skip
             except (HfHubHTTPError, EntryNotFoundError) as e:
                 # huggingface_hub reports a failed look-up as LocalEntryNotFoundError, the HTTP answer (if any)
@@ -755,16 +870,6 @@ def _quiet_hub() -> Iterator[None]:
 def _first_line(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return text[0] if text else type(error).__name__
-
-
-def _silent_tqdm() -> type:
-    from tqdm import tqdm
-
-    class Silent(tqdm):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **{**kwargs, "disable": True})
-
-    return Silent
 
 
 def resolve_pretrained(
