@@ -245,8 +245,6 @@ TEMP_FILES = (
     # safetensors (>= 0.8) writes through a sibling tempfile::NamedTempFile of the Rust crate, renamed onto the
     # name it was given (atomic_write's temp file): ".tmp" and 6 ASCII letters or digits
     re.compile(r"\.tmp[A-Za-z0-9]{6}"),
-    # pretrained.download_url: the body so far, ".NAME.<uuid4 hex>.part" beside the cached file
-    re.compile(r"\..+\.[0-9a-f]{32}\.part"),
 )
 # export_onnx(int8=True): a work directory beside the destination holding the fp32 graph
 TEMP_DIRS = (re.compile(r"\.vitkit-export-[a-z0-9_]{8}"),)
