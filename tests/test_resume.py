@@ -229,11 +229,3 @@ def test_a_hand_edited_state_is_one_line_naming_it(tmp_path, capsys, edit, messa
     assert main(["train", str(run / "config.yaml"), "run.resume=true"]) == 2
     err = capsys.readouterr().err.strip()
     assert str(state) in err and len(err.splitlines()) == 1, err
-
-
-def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
-    config = tmp_path / "latin1.yaml"
-    config.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
-    assert main(["train", str(config)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and str(config) in err and "UTF-8" in err, err

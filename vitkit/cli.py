@@ -267,7 +267,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     args.images, args.overrides = _split_files(args.images)
     if not args.images:
         raise UserError("predict: no image files given")
-    model, prep, _ = load_for_inference(args.checkpoint, **_model_overrides(args))
+    model, prep, metadata = load_for_inference(args.checkpoint, **_model_overrides(args))
+    from .train.run_eval import untrained_head
+
+    if untrained := untrained_head(args.checkpoint, metadata):
+        print(f"vitkit predict: warning: {untrained}", file=sys.stderr)
     names = read_labels(args.labels) if args.labels else None
     if args.fast or args.int8:
         from .fast import optimize_for_inference

@@ -56,7 +56,7 @@ from .config import RunConfig, ScheduleConfig, TrainConfig, load_config
 from .metrics import MetricsLog, plot_metrics, topk_correct
 from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
-from .recipe import default_steps, init_from_checkpoint, read_source
+from .recipe import channels_mismatch, default_steps, init_from_checkpoint, read_source
 from .sampling import SeededBatches, SeededItems, StepPlan, mix_seed
 from .state import STATE_NAME, load_train_state, read_train_state, save_train_state
 
@@ -363,6 +363,10 @@ class Trainer:
             label_smoothing=cfg.optim.label_smoothing,
             objective=cfg.run.objective,
         )
+        if source is not None and self.resume_dir is None:
+            chans = source.preprocessing.in_chans
+            if chans != self.info.in_chans:  # before the weights are loaded: name the key to change, not a shape
+                raise UserError(channels_mismatch(str(cfg.run.init_from), chans, self.info.in_chans))
         self.model = build_model(cfg, self.info, source)
         self.init_report = None
         if source is not None and self.resume_dir is None:
