@@ -140,6 +140,7 @@ def test_a_moved_run_directory_resumes_as_it_is(tmp_path):
     moved.parent.mkdir()
     shutil.move(run, moved)
     assert main(["train", str(moved / "config.yaml"), "run.resume=true"]) == 0  # no resume_with_changes
+    assert load_config(moved / "config.yaml").run.out_dir == str(moved.parent)  # the record says where it is now
     a, b = weights(reference.run_dir), weights(moved)
     assert all(torch.equal(a[k], b[k]) for k in a)
     copied = tmp_path / "copy"
@@ -213,6 +214,8 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, ca
         (lambda doc: doc.update(step=10**12), "step=1000000000000, expected a whole number"),
         (lambda doc: doc.pop("param_groups"), "has no 'param_groups'"),
         (lambda doc: doc.update(param_groups=[{"lr": 1}]), "param_groups=.*expected a list of optimizer groups"),
+        (lambda doc: doc.update(optim_plain_state={"0": 3}), "optim_plain_state=.*expected an object"),
+        (lambda doc: doc.update(loss_window="1.5"), "loss_window=.*expected a list of losses"),
     ],
 )
 def test_a_hand_edited_state_is_one_line_naming_it(tmp_path, capsys, edit, message):

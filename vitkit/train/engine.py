@@ -513,7 +513,10 @@ class Trainer:
             changes = config_changes(load_config(path), self.cfg, frozenset({"run.resume", "run.resume_with_changes"}))
             if changes:
                 history.append(f"{HISTORY_PREFIX}{resumed_at} with changes: {'; '.join(changes)}")
-        cfg = with_absolute_paths(dataclasses.replace(self.cfg, run=dataclasses.replace(self.cfg.run, resume=False)))
+        where = str(self.run_dir.parent.absolute())  # where the run is now: it may have been moved
+        cfg = with_absolute_paths(
+            dataclasses.replace(self.cfg, run=dataclasses.replace(self.cfg.run, resume=False, out_dir=where))
+        )
         header = "".join(line + "\n" for line in [f"# resolved config of {self.run_dir}", *history])
         atomic_write_text(path, header + cfg.to_yaml())
 

@@ -106,8 +106,9 @@ def _check_document(path: Path, doc: Any) -> None:
         or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
     ):
         raise UserError(f"{where}: param_groups={str(groups)[:60]}, expected a list of optimizer groups with params")
-    if not isinstance(doc["optim_plain_state"], dict):
-        raise UserError(f"{where}: optim_plain_state is not a JSON object")
+    plain = doc["optim_plain_state"]
+    if not isinstance(plain, dict) or not all(k.isdigit() and isinstance(v, dict) for k, v in plain.items()):
+        raise UserError(f"{where}: optim_plain_state={str(plain)[:60]}, expected an object of parameter indices")
     window = doc.get("loss_window", [])
     if not isinstance(window, list) or not all(isinstance(v, (int, float)) for v in window):
         raise UserError(f"{where}: loss_window={str(window)[:60]}, expected a list of losses")
