@@ -189,7 +189,8 @@ def test_a_finetune_resumes_without_its_source(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- failures
-def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, capsys):
+@pytest.mark.parametrize("tensorboard", [False, True])
+def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, tensorboard):
     from PIL import Image
 
     for label in ("a", "b"):
@@ -198,7 +199,12 @@ def test_a_run_that_fails_before_its_first_step_leaves_no_directory(tmp_path, ca
             Image.new("RGB", (16, 16), (40 * i, 0, 0)).save(tmp_path / "imgs" / label / f"{i}.png")
     (tmp_path / "imgs" / "a" / "0.png").write_bytes(b"not an image")
     cfg = tiny(
-        tmp_path, "data.source=folder", f"data.root={tmp_path / 'imgs'}", "data.val_fraction=0.5", "optim.batch_size=4"
+        tmp_path,
+        "data.source=folder",
+        f"data.root={tmp_path / 'imgs'}",
+        "data.val_fraction=0.5",
+        "optim.batch_size=4",
+        f"run.tensorboard={tensorboard}",
     )
     with pytest.raises(Exception, match=r"0\.png"):
         train(cfg)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import shutil
 import signal
 import threading
 import time
@@ -53,7 +54,7 @@ from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
 from .config import RunConfig, ScheduleConfig, TrainConfig, load_config
-from .metrics import MetricsLog, plot_metrics, topk_correct
+from .metrics import METRICS_NAME, TENSORBOARD_DIR, MetricsLog, plot_metrics, topk_correct
 from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
 from .recipe import channels_mismatch, default_steps, init_from_checkpoint, read_source
@@ -525,15 +526,17 @@ class Trainer:
         run_dir = getattr(self, "run_dir", None)
         if not getattr(self, "fresh_dir", False) or run_dir is None or not self.dist.is_main:
             return
-        if (run_dir / STATE_NAME).exists() or (run_dir / "metrics.jsonl").exists():
+        if (run_dir / STATE_NAME).exists() or (run_dir / METRICS_NAME).exists():
             return
-        if {p.name for p in run_dir.iterdir()} <= {"config.yaml", ".lock"}:
-            (run_dir / "config.yaml").unlink(missing_ok=True)
-            if self.lock is not None:
-                self.lock.release()
-                self.lock = None
-            with contextlib.suppress(OSError):  # something else appeared in it: it stays
-                run_dir.rmdir()
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()  # its TensorBoard writer, whose empty event file goes with the directory
+        (run_dir / "config.yaml").unlink(missing_ok=True)
+        shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        with contextlib.suppress(OSError):  # anything else in it (not this run's) keeps it
+            run_dir.rmdir()
 
     def batches(self, start_step: int) -> Iterator[Batch]:
         """This rank's micro-batches from start_step to the end, in the seeded order."""
