@@ -251,3 +251,23 @@ def test_eval_and_predict_of_an_mpp_run_say_its_head_is_untrained(tmp_path, caps
     assert len(err.splitlines()) == 1 and err.startswith("vitkit predict: warning:") and "never trained" in err
     supervised = train(tiny(tmp_path, "run.name=supervised")).run_dir
     assert main(["predict", str(supervised), str(image)]) == 0 and capsys.readouterr().err == ""
+
+
+def test_inspect_names_an_unreadable_image(tmp_path, capsys):
+    from PIL import Image
+
+    run = train(tiny(tmp_path)).run_dir
+    good, bad = tmp_path / "good.png", tmp_path / "bad.png"
+    Image.new("RGB", (16, 16), (10, 200, 10)).save(good)
+    bad.write_bytes(good.read_bytes()[:40])  # a PNG cut short
+    assert main(["inspect", str(run), str(good), str(bad), "--out", str(tmp_path / "figures")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and str(good) not in err[0], err
+    # the run's own data: an unreadable image of an image folder is named too
+    for label in ("a", "b"):
+        (tmp_path / "imgs" / label).mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / "imgs" / label / f"{i}.png").write_bytes(bad.read_bytes())
+    assert main(["inspect", str(run), "--data", str(tmp_path / "imgs"), "--out", str(tmp_path / "f2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / "imgs") in err and ".png" in err, err

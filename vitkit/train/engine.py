@@ -276,7 +276,7 @@ def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _absolute(value: str) -> str:
     """A path as an absolute one, so that it resolves from anywhere; a pretrained tag stays as it is."""
     path = Path(value)
-    if path.is_absolute() or not (path.exists() or len(path.parts) > 1 or value.startswith(".")):
+    if "://" in value or path.is_absolute() or not (path.exists() or len(path.parts) > 1 or value.startswith(".")):
         return value
     return str(path.absolute())
 
@@ -350,8 +350,9 @@ class Trainer:
             self.resume_dir, self.other_runs = find_resume_dir(cfg.run)
         source = None  # read once: architecture, weights
         if self.resume_dir is not None:
-            if cfg.model.name is None and cfg.run.init_from:
-                source = read_source(str(self.resume_dir))
+            if cfg.model.name is None and cfg.run.init_from:  # killed before its first model was saved: the source
+                saved = (self.resume_dir / "model.safetensors").is_file()
+                source = read_source(str(self.resume_dir) if saved else cfg.run.init_from)
         elif cfg.run.init_from:
             source = read_source(cfg.run.init_from)
         torch.manual_seed(mix_seed(cfg.run.seed, 0x1417))  # model init
