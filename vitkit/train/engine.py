@@ -525,7 +525,7 @@ class Trainer:
     def _discard_unstarted(self) -> None:
         """A new run that failed before anything of it was recorded (no state, no records) leaves no directory."""
         run_dir = getattr(self, "run_dir", None)
-        if not getattr(self, "fresh_dir", False) or run_dir is None or not self.dist.is_main:
+        if not self.fresh_dir or run_dir is None or not self.dist.is_main:
             return
         if (run_dir / STATE_NAME).exists() or (run_dir / METRICS_NAME).exists():
             return
