@@ -19,7 +19,7 @@ from vitkit import UserError, VisionTransformer
 from vitkit.checkpoint import read_native, save_pretrained
 from vitkit.cli import main
 from vitkit.io import DirectoryLock
-from vitkit.train import STATE_NAME, NonFiniteLossError, Trainer, config_from_dict, train
+from vitkit.train import STATE_NAME, NonFiniteLossError, Trainer, config_from_dict, load_config, train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -202,3 +202,72 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_the_old_one(tmp_path
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "No space left on device" in err and str(dst / "model.safetensors") in err
     assert not dst.exists()  # no partial file, no leftover, not even the directory the write created
+
+
+# --------------------------------------------------------------------------- messages that point the right way
+def test_a_config_that_is_not_utf8_is_one_line(tmp_path, capsys):
+    config = tmp_path / "latin1.yaml"
+    config.write_bytes("run:\n  name: caf\xe9\n".encode("latin-1"))
+    assert main(["train", str(config)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(config) in err and "UTF-8" in err, err
+
+
+@pytest.mark.parametrize(("source_chans", "data_chans"), [(1, 3), (3, 1)])
+def test_a_finetune_across_grey_and_rgb_converts_the_images_or_names_data_in_chans(
+    tmp_path, capsys, source_chans, data_chans
+):
+    source = train(tiny(tmp_path, "run.name=source", f"data.in_chans={source_chans}")).run_dir
+    data = {"source": "synthetic", "img_size": 16, "synthetic_size": 64, "synthetic_classes": 4}
+    config = tmp_path / "ft.yaml"
+    run = {"init_from": str(source), "out_dir": str(tmp_path / "runs"), "progress": False, "plots": False}
+    config.write_text(yaml.safe_dump({"data": data, "run": run, "schedule": {"steps": 2}}))
+    # the data's channels left to the recipe: the images are converted to the source's
+    assert main(["train", str(config)]) == 0, capsys.readouterr().err
+    assert read_native(tmp_path / "runs" / "ft")[0]["in_chans"] == source_chans
+    # the data's channels given, and not the model's: one line naming the key, no directory
+    assert main(["train", str(config), f"data.in_chans={data_chans}", "run.name=given"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"data.in_chans={data_chans}" in err and str(source) in err, err
+    # every recipe key given (nothing read from the source at parse time): the engine says the same
+    overrides = [f"data.in_chans={data_chans}", "data.mean=0.5", "data.std=0.5", "run.name=all"]
+    resolved = load_config(tmp_path / "runs" / "ft" / "config.yaml", overrides)
+    with pytest.raises(UserError, match=rf"data\.in_chans={data_chans}: run\.init_from .* {source_chans}-channel"):
+        train(resolved)
+    assert not (tmp_path / "runs" / "given").exists() and not (tmp_path / "runs" / "all").exists()
+
+
+def test_eval_and_predict_of_an_mpp_run_say_its_head_is_untrained(tmp_path, capsys):
+    from PIL import Image
+
+    run = train(tiny(tmp_path, "run.objective=mpp", "run.name=mpp")).run_dir
+    assert main(["eval", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "run.objective=mpp" in err and "never trained" in err, err
+    image = tmp_path / "x.png"
+    Image.new("RGB", (16, 16), (200, 10, 10)).save(image)
+    assert main(["predict", str(run), str(image)]) == 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("vitkit predict: warning:") and "never trained" in err
+    supervised = train(tiny(tmp_path, "run.name=supervised")).run_dir
+    assert main(["predict", str(supervised), str(image)]) == 0 and capsys.readouterr().err == ""
+
+
+def test_inspect_names_an_unreadable_image(tmp_path, capsys):
+    from PIL import Image
+
+    run = train(tiny(tmp_path)).run_dir
+    good, bad = tmp_path / "good.png", tmp_path / "bad.png"
+    Image.new("RGB", (16, 16), (10, 200, 10)).save(good)
+    bad.write_bytes(good.read_bytes()[:40])  # a PNG cut short
+    assert main(["inspect", str(run), str(good), str(bad), "--out", str(tmp_path / "figures")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0] and str(good) not in err[0], err
+    # the run's own data: an unreadable image of an image folder is named too
+    for label in ("a", "b"):
+        (tmp_path / "imgs" / label).mkdir(parents=True)
+        for i in range(3):
+            (tmp_path / "imgs" / label / f"{i}.png").write_bytes(bad.read_bytes())
+    assert main(["inspect", str(run), "--data", str(tmp_path / "imgs"), "--out", str(tmp_path / "f2")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and str(tmp_path / "imgs") in err and ".png" in err, err

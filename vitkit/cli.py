@@ -326,7 +326,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     if not items:
         raise UserError("no image files given")
     args.images = _image_files(items)  # a missing file is an error before the model is loaded
-    model, prep, _ = load_for_inference(args.checkpoint, **_model_overrides(args))
+    model, prep, metadata = load_for_inference(args.checkpoint, **_model_overrides(args))
+    from .train.run_eval import untrained_head
+
+    if untrained := untrained_head(args.checkpoint, metadata):
+        print(f"vitkit predict: warning: {untrained}", file=sys.stderr)
     names = read_labels(args.labels) if args.labels else None
     if args.fast or args.int8:
         from .fast import optimize_for_inference

@@ -27,7 +27,6 @@ from ..models import VisionTransformer, count_params
 from ..predict import Preprocessing, load_for_inference
 from ..train.config import TrainConfig, load_config
 from ..train.distributed import pick_device
-from ..train.engine import choose_run_dir
 from ..train.metrics import METRICS_NAME, MetricsLog
 from ..train.run_eval import checkpoint_data
 from ..train.state import STATE_NAME, read_train_state
@@ -282,15 +281,11 @@ def commands(run: Path, cfg: TrainConfig) -> Html:
     q_run, q_cfg = shlex.quote(str(config.parent)), shlex.quote(str(config))
     parts: list[object] = []
     if (run / STATE_NAME).is_file():
-        name = cfg.run.name or run.name
-        picked = choose_run_dir((start or Path("/")) / cfg.run.out_dir, name, resume=True)
         parts.append(tag("h3", "Resume"))
         parts.append(code_block(f"{prefix}vitkit train {q_cfg} run.resume=true", "resume"))
         note = "Continues from train_state.safetensors to the end of the schedule (a finished run has nothing left; "
         note += "a larger schedule.steps or schedule.epochs continues it, its learning-rate schedule stretched)."
-        if picked.resolve() != run.resolve():
-            note += f" Note: run.resume picks the newest run named {name} with a state, which is now {picked}, "
-            note += "not this one."
+        note += " A run's own config.yaml with run.resume=true resumes that run, wherever it has moved."
         parts.append(tag("p", note, cls="note"))
     else:
         parts.append(tag("p", f"No {STATE_NAME}: this run cannot be resumed.", cls="note"))

@@ -39,6 +39,7 @@ from ..data.config import SOURCES
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..models import ResNetConfig, ViTConfig
 from ..models.registry import MODELS, config_class, model_config, unknown_model
+from .state import STATE_NAME
 
 OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
@@ -149,7 +150,10 @@ class RunConfig:
     compile: bool = False  # torch.compile the training model
     device: str = "auto"  # "auto": cuda if available (the local rank's GPU under torchrun), else cpu
     threads: int = 0  # torch.set_num_threads on CPU; 0 keeps torch's default
-    resume: bool = False  # continue the newest run directory of this name from its training state
+    # true: continue the newest of out_dir/name, name-1, ... that holds a training state; a run directory
+    # (run.resume=runs/digits-1, moved or copied ones too): continue that one. `vitkit train RUN/config.yaml
+    # run.resume=true` resumes RUN. A resume never re-reads run.init_from: the state holds every weight.
+    resume: bool | str = False
     resume_with_changes: bool = False  # resume even where the config differs from the run's (beyond RESUMABLE)
     init_from: str | None = None  # fine-tune from any checkpoint vitkit.load_pretrained reads
     progress: bool = True  # show a progress bar
@@ -535,9 +539,11 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
 def read_config_file(path: Path) -> dict[str, Any]:
     """The sections of a YAML config file as plain values (safe_load's semantics, duplicate keys refused)."""
     try:
-        doc = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); a YAML config must be saved as UTF-8") from None
     if doc is not None and not isinstance(doc, dict):
         raise UserError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)})")
     return doc or {}
@@ -586,6 +592,8 @@ def _load(path: str | Path | None, overrides: Sequence[str], listing: bool) -> t
     if cfg.run.name is None:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=path.stem))
     missing = required_keys(_merge(_file_values(doc), _override_values(overrides))) if listing else []
+    if cfg.run.resume is True and (path.parent / STATE_NAME).is_file():  # a run's own config.yaml: that run
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=str(path.parent)))
     return cfg, missing
 
 

@@ -9,11 +9,15 @@ saved state is the weights, the optimizer and the step, and a resumed run ends w
 never interrupted.
 
 Run directory (rank 0 writes):
-    config.yaml                resolved config
+    config.yaml                resolved config, paths absolute; header lines keep what each resume changed
     model.safetensors          weights + config.json (vitkit.checkpoint.native: loadable by
     config.json                read_native / load_pretrained), metadata = DatasetInfo + step + metrics
     train_state.safetensors    resume state (state.py)
     metrics.jsonl              train/eval records (metrics.py); loss.png, accuracy.png
+
+run.resume=true continues the newest out_dir/name[-N] with a state, run.resume=DIR that directory (where it is
+now: its location is no part of its config), and says which. A new run that fails before it records anything
+leaves no directory; a finished one holds no lock.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import shutil
 import signal
 import threading
 import time
@@ -48,11 +53,11 @@ from ..models import count_params, create_model
 from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
-from .config import ScheduleConfig, TrainConfig, load_config
-from .metrics import MetricsLog, Pace, plot_metrics, topk_correct
+from .config import RunConfig, ScheduleConfig, TrainConfig, load_config
+from .metrics import METRICS_NAME, TENSORBOARD_DIR, MetricsLog, Pace, plot_metrics, topk_correct
 from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
-from .recipe import default_steps, init_from_checkpoint, read_source
+from .recipe import channels_mismatch, default_steps, init_from_checkpoint, read_source
 from .sampling import SeededBatches, SeededItems, StepPlan, mix_seed
 from .state import STATE_NAME, load_train_state, read_train_state, save_train_state
 
@@ -206,20 +211,48 @@ def build_objective(cfg: TrainConfig, info: DatasetInfo) -> Classification | Mas
 
 
 # ---------------------------------------------------------------------------------------- run directory
-def choose_run_dir(out_dir: str | Path, name: str, resume: bool) -> Path:
-    """out_dir/name, or name-1, name-2, ... if taken (never reuse silently); resume: the newest with a state."""
+LOCATION = frozenset({"run.out_dir", "run.name"})  # where a run is, not what it is: never a change
+PATH_KEYS = ("data.root", "data.val_root", "run.init_from", "run.out_dir")  # stored absolute in config.yaml
+HISTORY_PREFIX = "# resumed at step "  # config.yaml's header lines that keep what a resume changed
+
+
+def _runs_of(out_dir: str | Path, name: str) -> list[Path]:
+    """out_dir/name and its taken name-1, name-2, ... in the order they were made."""
     base = Path(out_dir) / name
     taken = [base] if base.exists() else []
     k = 1
     while (base.parent / f"{name}-{k}").exists():
         taken.append(base.parent / f"{name}-{k}")
         k += 1
+    return taken
+
+
+def find_resume_dir(run: RunConfig) -> tuple[Path, list[Path]]:
+    """The run directory run.resume names, and the other resumable runs of the same name (for the message).
+
+    run.resume=DIR resumes that directory wherever it is (moved or copied); run.resume=true the newest of
+    out_dir/name, name-1, name-2, ... that holds a training state.
+    """
+    if isinstance(run.resume, str):
+        run_dir = Path(run.resume)
+        if not (run_dir / STATE_NAME).is_file():
+            raise UserFileNotFoundError(f"run.resume={run.resume}: no {STATE_NAME} in it to resume from")
+        return run_dir, []
+    base = Path(run.out_dir) / (run.name or "run")
+    with_state = [d for d in _runs_of(run.out_dir, run.name or "run") if (d / STATE_NAME).is_file()]
+    if not with_state:
+        raise UserFileNotFoundError(f"run.resume=true but no {STATE_NAME} under {base} or {base}-N to resume")
+    return with_state[-1], with_state[:-1]
+
+
+def choose_run_dir(out_dir: str | Path, name: str, resume: bool | str = False) -> Path:
+    """A new out_dir/name, or name-1, name-2, ... if taken (never reuse silently); resume: find_resume_dir's."""
     if resume:
-        with_state = [d for d in taken if (d / STATE_NAME).is_file()]
-        if not with_state:
-            raise UserFileNotFoundError(f"run.resume=true but no {STATE_NAME} under {base} or {base}-N to resume")
-        return with_state[-1]
+        return find_resume_dir(RunConfig(out_dir=str(out_dir), name=name, resume=resume))[0]
+    base = Path(out_dir) / name
+    taken = _runs_of(out_dir, name)
     base.parent.mkdir(parents=True, exist_ok=True)
+    k = len(taken)
     run_dir = base if not taken else base.parent / f"{name}-{k}"
     while True:  # mkdir is the claim: of two processes choosing the same name, one moves on to the next
         try:
@@ -240,10 +273,30 @@ def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_changes(saved: TrainConfig, current: TrainConfig) -> list[str]:
-    """``key: saved -> current`` for each setting a resume may not change (see RESUMABLE)."""
-    old, new = _flat(saved.to_dict()), _flat(current.to_dict())
-    keys = sorted((set(old) | set(new)) - RESUMABLE)
+def _absolute(value: str) -> str:
+    """A path as an absolute one, so that it resolves from anywhere; a pretrained tag stays as it is."""
+    path = Path(value)
+    if "://" in value or path.is_absolute() or not (path.exists() or len(path.parts) > 1 or value.startswith(".")):
+        return value
+    return str(path.absolute())
+
+
+def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
+    """cfg with its paths (PATH_KEYS) absolute: what config.yaml stores, and what a resume compares."""
+    sections: dict[str, dict[str, Any]] = {}
+    for key in PATH_KEYS:
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section), name)
+        if isinstance(value, str) and value:
+            sections.setdefault(section, {})[name] = _absolute(value)
+    return dataclasses.replace(cfg, **{s: dataclasses.replace(getattr(cfg, s), **v) for s, v in sections.items()})
+
+
+def config_changes(saved: TrainConfig, current: TrainConfig, allowed: frozenset[str] = RESUMABLE) -> list[str]:
+    """``key: saved -> current`` for each setting that differs, apart from those in allowed (default: what a
+    resume may change, RESUMABLE) and the run's location; paths compare as absolute ones."""
+    old, new = _flat(with_absolute_paths(saved).to_dict()), _flat(with_absolute_paths(current).to_dict())
+    keys = sorted((set(old) | set(new)) - allowed - LOCATION)
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
 
@@ -255,6 +308,7 @@ class Trainer:
         self.cfg = cfg
         self.t_start = time.perf_counter()
         self.lock: DirectoryLock | None = None
+        self.fresh_dir = False  # rank 0 made the run directory (see _discard_unstarted)
         self._signal: int | None = None  # set by SIGINT / SIGTERM during fit(): stop at the next step boundary
         self.pace: Pace | None = None  # fit(): the duration measured on the first steps, said once
         self._threads = torch.get_num_threads()  # restored by close()
@@ -264,6 +318,7 @@ class Trainer:
         try:
             self._setup()
         except BaseException:
+            self._discard_unstarted()
             self.close()
             raise
 
@@ -288,7 +343,19 @@ class Trainer:
                 stacklevel=2,
             )
 
-        source = read_source(cfg.run.init_from) if cfg.run.init_from else None  # read once: architecture, weights
+        # a resume takes every weight from its state, and the architecture from the run's own checkpoint: a
+        # fine-tune resumes without its source (run.init_from is read only to start one)
+        self.resume_dir: Path | None = None
+        self.other_runs: list[Path] = []
+        if cfg.run.resume:
+            self.resume_dir, self.other_runs = find_resume_dir(cfg.run)
+        source = None  # read once: architecture, weights
+        if self.resume_dir is not None:
+            if cfg.model.name is None and cfg.run.init_from:  # killed before its first model was saved: the source
+                saved = (self.resume_dir / "model.safetensors").is_file()
+                source = read_source(str(self.resume_dir) if saved else cfg.run.init_from)
+        elif cfg.run.init_from:
+            source = read_source(cfg.run.init_from)
         torch.manual_seed(mix_seed(cfg.run.seed, 0x1417))  # model init
         self.objective = build_objective(cfg, self.info)
         self.augment = build_augment(
@@ -299,9 +366,13 @@ class Trainer:
             label_smoothing=cfg.optim.label_smoothing,
             objective=cfg.run.objective,
         )
+        if source is not None and self.resume_dir is None:
+            chans = source.preprocessing.in_chans
+            if chans != self.info.in_chans:  # before the weights are loaded: name the key to change, not a shape
+                raise UserError(channels_mismatch(str(cfg.run.init_from), chans, self.info.in_chans))
         self.model = build_model(cfg, self.info, source)
         self.init_report = None
-        if source is not None:
+        if source is not None and self.resume_dir is None:
             self.init_report = init_from_checkpoint(self.model, source, self.info.num_classes)
         self.model = self.objective.wrap(self.model)  # mpp: the ViT inside an MPPModel
         self.model.to(self.device)
@@ -321,14 +392,20 @@ class Trainer:
         self.state_path = self.run_dir / STATE_NAME
         self.metrics = MetricsLog(self.run_dir)
         self.step, self.last_saved, self.last_eval = 0, None, {}
+        self.window: list[float] = []  # train losses since the last record, saved with the state (see save)
+        self.time_before = 0.0  # seconds the run trained before this process (a resume)
+        self.t_window, self.images = time.perf_counter(), 0  # images since the last record, for its throughput
         self.finished = False  # resumed at its end: nothing to train, evaluate or record again
         if cfg.run.resume:
             doc = load_train_state(self.state_path, self.model, self.optimizer, self.scaler, self.averaged)
             self.step, self.last_saved, self.last_eval = doc["step"], doc["step"], doc.get("metrics", {})
+            self.window = [float(v) for v in doc.get("loss_window", [])]
+            self.time_before = float(doc.get("time", 0.0))
             self.finished = self.step >= self.total_steps and bool(self.last_eval)
             if self.dist.is_main:
                 self.metrics.truncate(self.step)
-                self._write_config()  # only now that the state has loaded: a failed resume leaves the run as it was
+                self._write_config(resumed_at=self.step)  # only now that the state has loaded: a failed resume
+                # leaves the run as it was
         if cfg.run.tensorboard and self.dist.is_main:
             self.metrics.open_tensorboard(purge_step=self.step)
 
@@ -405,7 +482,8 @@ class Trainer:
         run = self.cfg.run
         run_dir = None
         if self.dist.is_main:
-            run_dir = choose_run_dir(run.out_dir, run.name or "run", run.resume)
+            self.fresh_dir = self.resume_dir is None  # made by this run: removed if it fails before its first step
+            run_dir = self.resume_dir or choose_run_dir(run.out_dir, run.name or "run")
             self.lock = DirectoryLock(run_dir).acquire()
             remove_stale_temp_files(run_dir)
             if run.resume:
@@ -423,12 +501,44 @@ class Trainer:
         changes = config_changes(load_config(saved_path), self.cfg)
         if changes:
             raise UserError(
-                f"{run_dir}: run.resume=true with a config that differs from the run's ({'; '.join(changes)}); "
+                f"{run_dir}: run.resume with a config that differs from the run's ({'; '.join(changes)}); "
                 "resume with the run's own config, or add run.resume_with_changes=true if the change is meant"
             )
 
-    def _write_config(self) -> None:
-        atomic_write_text(self.run_dir / "config.yaml", f"# resolved config of {self.run_dir}\n" + self.cfg.to_yaml())
+    def _write_config(self, resumed_at: int | None = None) -> None:
+        """config.yaml: the resolved config, its paths absolute; a resume keeps the earlier header's history and
+        adds a line with what it changed (the values before and after), so no earlier value is lost."""
+        path = self.run_dir / "config.yaml"
+        history: list[str] = []
+        if resumed_at is not None and path.is_file():
+            old = path.read_text(encoding="utf-8", errors="replace").splitlines()
+            history = [line for line in old if line.startswith(HISTORY_PREFIX)]
+            changes = config_changes(load_config(path), self.cfg, frozenset({"run.resume", "run.resume_with_changes"}))
+            if changes:
+                history.append(f"{HISTORY_PREFIX}{resumed_at} with changes: {'; '.join(changes)}")
+        where = str(self.run_dir.parent.absolute())  # where the run is now: it may have been moved
+        cfg = with_absolute_paths(
+            dataclasses.replace(self.cfg, run=dataclasses.replace(self.cfg.run, resume=False, out_dir=where))
+        )
+        header = "".join(line + "\n" for line in [f"# resolved config of {self.run_dir}", *history])
+        atomic_write_text(path, header + cfg.to_yaml())
+
+    def _discard_unstarted(self) -> None:
+        """A new run that failed before anything of it was recorded (no state, no records) leaves no directory."""
+        run_dir = getattr(self, "run_dir", None)
+        if not self.fresh_dir or run_dir is None or not self.dist.is_main:
+            return
+        if (run_dir / STATE_NAME).exists() or (run_dir / METRICS_NAME).exists():
+            return
+        if getattr(self, "metrics", None) is not None:
+            self.metrics.close()  # its TensorBoard writer, whose empty event file goes with the directory
+        (run_dir / "config.yaml").unlink(missing_ok=True)
+        shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+        with contextlib.suppress(OSError):  # anything else in it (not this run's) keeps it
+            run_dir.rmdir()
 
     def batches(self, start_step: int) -> Iterator[Batch]:
         """This rank's micro-batches from start_step to the end, in the seeded order."""
@@ -547,7 +657,7 @@ class Trainer:
         assert signum is not None, "called once a signal asked to stop"
         raise TrainingInterrupted(
             f"{signal.Signals(signum).name} at step {self.step} of {self.total_steps}: saved {self.state_path}; "
-            "continue with the same config and run.resume=true",
+            f"continue with `vitkit train {self.run_dir / 'config.yaml'} run.resume=true`",
             signum,
         )
 
@@ -586,7 +696,14 @@ class Trainer:
                 f"not saved. Last good checkpoint: {self._last_good()}. Try a lower optim.lr or optim.grad_clip"
             )
         if self.dist.is_main:
-            info = {"step": self.step, "epoch": self.epoch, "total_steps": self.total_steps, "metrics": self.last_eval}
+            info = {
+                "step": self.step,
+                "epoch": self.epoch,
+                "total_steps": self.total_steps,
+                "metrics": self.last_eval,
+                "loss_window": self.window,  # so a resumed run's next record averages the same steps
+                "time": self.elapsed,
+            }
             save_train_state(self.state_path, self.model, self.optimizer, info, self.scaler, self.averaged)
             meta = {**self.info.to_dict(), "step": self.step, "epoch": self.epoch, "metrics": self.last_eval}
             if self.averaged is not None:  # the run's model is the averaged one; the raw weights are in the state
@@ -600,25 +717,24 @@ class Trainer:
         """Optimizer steps up to the end of the current epoch (or of the run), with logging/eval/saving."""
         run = self.cfg.run
         end = min(self.total_steps, (self.step // self.plan.steps_per_epoch + 1) * self.plan.steps_per_epoch)
-        t0, images, losses = time.perf_counter(), 0, []
         while self.step < end:
-            losses.append(self.train_step(batches))
-            images += self.cfg.optim.batch_size
+            self.window.append(self.train_step(batches))
+            self.images += self.cfg.optim.batch_size
             if progress is not None:
                 progress.update(1)
             if self.pace is not None and (line := self.pace.tick(self.step)):
                 (progress.write if progress is not None else print)(line)
             log_now = run.log_every > 0 and self.step % run.log_every == 0
             if log_now or self.step == self.total_steps:
-                elapsed = time.perf_counter() - t0
+                elapsed = time.perf_counter() - self.t_window
                 record = {
                     "kind": "train",
                     "step": self.step,
                     "epoch": self.epoch,
-                    "loss": sum(losses) / len(losses),
+                    "loss": sum(self.window) / len(self.window),  # since the previous record, across a resume
                     "lr": lr_at(self.step - 1, self.total_steps, self.cfg.optim.lr, self.schedule),  # the head's
-                    "images_per_s": images / max(elapsed, 1e-9),
-                    "time": round(time.perf_counter() - self.t_start, 3),
+                    "images_per_s": self.images / max(elapsed, 1e-9),  # measured by this process
+                    "time": round(self.elapsed, 3),
                 }
                 if self.dist.is_main:
                     self.metrics.write(record)
@@ -626,7 +742,7 @@ class Trainer:
                     progress.set_postfix(
                         loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", img_s=f"{record['images_per_s']:.0f}"
                     )
-                t0, images, losses = time.perf_counter(), 0, []
+                self.t_window, self.images, self.window = time.perf_counter(), 0, []
             if run.eval_every > 0 and self.step % run.eval_every == 0 and self.step < self.total_steps:
                 self.evaluate()
                 if progress is not None:
@@ -636,16 +752,30 @@ class Trainer:
             if self._stop_requested():
                 self._stop_on_signal(progress)
 
+    @property
+    def elapsed(self) -> float:
+        """Seconds the run has taken, those before a resume included."""
+        return self.time_before + time.perf_counter() - self.t_start
+
     def fit(self) -> TrainResult:
         """Train from the current step to the end, evaluate, save, plot; returns the final metrics."""
+        try:
+            return self._fit()
+        except BaseException:
+            self._discard_unstarted()  # a new run that failed before it recorded anything leaves no directory
+            raise
+
+    def _fit(self) -> TrainResult:
         from tqdm.auto import tqdm
 
         show = self.cfg.run.progress and self.dist.is_main
         if self.dist.is_main:
-            where = f"resuming at step {self.step}" if self.step else "starting"
+            if self.resume_dir is not None:
+                others = f" (also resumable: {', '.join(map(str, self.other_runs))}; name one with run.resume=DIR)"
+                print(f"resuming {self.run_dir} at step {self.step}" + (others if self.other_runs else ""))
             sizes = f"{_size(self.train_ds)} train / {_size(self.eval_ds)} eval images"
             print(
-                f"{self.run_dir}: {where}; {count_params(self.model):,} params, {self.total_steps} steps of "
+                f"{self.run_dir}: {count_params(self.model):,} params, {self.total_steps} steps of "
                 f"{self.cfg.optim.batch_size} images, {sizes}"
             )
             if self.init_report:
@@ -653,6 +783,7 @@ class Trainer:
         progress = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=not show)
         self.pace = Pace(self.step, self.total_steps) if self.dist.is_main else None
         batches = self.batches(self.step)
+        self.t_window, self.images = time.perf_counter(), 0  # throughput is this process's
         try:
             with self._signals_stop_at_step_boundary():
                 while self.step < self.total_steps:

@@ -3,7 +3,9 @@
 Records are ``{"kind": "train", "step", "epoch", "loss", "lr", "images_per_s", "time"}`` every log_every
 steps and ``{"kind": "eval", "step", "epoch", "eval_loss", "eval_top1", "eval_top5"}`` at each evaluation
 (masked patch prediction: ``"eval_mpp_loss", "eval_mpp_acc"``, the loss and colour accuracy on held-out images).
-On resume the file is cut back to the resumed step, so it reads as one uninterrupted run.
+A train record's loss is the mean over the steps since the previous record (the steps before a resume kept
+in the training state); on resume the file is cut back to the resumed step, so it reads as one uninterrupted
+run: the same records with the same values, apart from the timings (``images_per_s`` is the resumed process's).
 
 With run.tensorboard the same scalars also go to run_dir/tensorboard (``train/loss``, ``train/lr``,
 ``train/images_per_s``, ``eval/<metric>``), read by TensorBoard, which is what most PyTorch users open; a resumed

@@ -151,6 +151,16 @@ def init_from_checkpoint(model: nn.Module, source: str | Path | Checkpoint, num_
     return "; ".join([*lines, f"head: a zero-initialised one for {num_classes} classes, no pre-logits"])
 
 
+def channels_mismatch(source: str, model_chans: int, data_chans: int) -> str:
+    """The one-line error for a fine-tune whose data.in_chans is not the source model's."""
+    kind = {1: "grey", 3: "RGB"}
+    return (
+        f"data.in_chans={data_chans}: run.init_from {source} holds a model for {model_chans}-channel "
+        f"({kind.get(model_chans, '?')}) images; leave data.in_chans out (the images are then converted to "
+        f"{model_chans} channels) or set data.in_chans={model_chans}"
+    )
+
+
 def preprocessing_fields(ckpt: Checkpoint) -> dict[str, Any]:
     """The data fields the weights expect: their resolution, mean / std and eval crop (the checkpoint's record)."""
     return ckpt.preprocessing.data_fields(ckpt.metadata)
@@ -173,6 +183,11 @@ def recipe_values(cfg: TrainConfig, given: set[str]) -> dict[str, Any]:
         except UserError as e:
             raise type(e)(f"run.init_from: {e}") from None
         out.update({f"data.{k}": v for k, v in preprocessing_fields(ckpt).items() if f"data.{k}" not in given})
+        chans = ckpt.preprocessing.in_chans  # grey or RGB images are converted to the source's, as eval does
+        if "data.in_chans" not in given:
+            out["data.in_chans"] = chans
+        elif cfg.data.in_chans not in (None, chans):
+            raise UserError(channels_mismatch(cfg.run.init_from, chans, cfg.data.in_chans))
     optimizer = cfg.optim.name
     if "optim.name" not in given:
         assert ckpt is not None
@@ -273,7 +288,11 @@ def describe_plan(cfg: TrainConfig) -> str:
 
     train_set, eval_set, info = build_datasets(cfg.data)
     assert isinstance(train_set, Sized) and isinstance(eval_set, Sized)
-    source = read_source(cfg.run.init_from) if cfg.run.init_from else None
+    source = None
+    if cfg.run.init_from:  # a resumed run's own weights stand in for a source that may be gone
+        resumed = Path(cfg.run.resume) if isinstance(cfg.run.resume, str) else None
+        own = resumed if resumed is not None and (resumed / "model.safetensors").is_file() else None
+        source = read_source(own or cfg.run.init_from)
     with torch.device("meta"):  # shapes only: no memory, no init time
         model = build_model(cfg, info, source)
     steps = run_steps(cfg, len(train_set))

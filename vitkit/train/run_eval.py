@@ -24,6 +24,18 @@ from .engine import evaluate
 NO_DATA = "the checkpoint does not record its data; name it with --data (e.g. digits)"
 
 
+def untrained_head(path: str | Path, metadata: dict[str, Any]) -> str | None:
+    """What to say of a checkpoint whose classifier head was never trained (a masked-patch-prediction run: its
+    metadata says objective=mpp), or None: its class scores are chance, whatever its features are worth."""
+    if metadata.get("objective") != "mpp":
+        return None
+    return (
+        f"{path} is a masked patch prediction run (run.objective=mpp): its classifier head was never trained, so "
+        f"its class scores are chance; fine-tune it first (vitkit finetune {path} --data DATA), or score its "
+        f"features with vitkit fewshot {path}"
+    )
+
+
 def records_data(path: str | Path, metadata: dict[str, Any]) -> bool:
     """Whether a checkpoint says which data it belongs to (a run's config.yaml, or a files-free source)."""
     run_yaml = (Path(path) if Path(path).is_dir() else Path(path).parent) / "config.yaml"
@@ -85,6 +97,9 @@ def evaluate_checkpoint(
     """Metrics of the checkpoint at path (a run directory or any format load_model reads) on its data;
     ``model_overrides`` change the checkpoint's model config (what a bare state dict does not say)."""
     model, prep, metadata = load_for_inference(path, **model_overrides)
+    untrained = untrained_head(path, metadata)
+    if untrained:
+        raise UserError(f"eval: {untrained}")
     data_cfg = checkpoint_data(path, metadata, prep, data, overrides)
     _, eval_ds, info = build_datasets(data_cfg)
     config = model.config

@@ -78,7 +78,42 @@ def read_train_state(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
         doc = json.loads(meta[_META_KEY])
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: the training state's {_META_KEY!r} metadata is not valid JSON ({e})") from None
+    _check_document(path, doc)
     return doc, tensors
+
+
+MAX_STEP = 10**10  # far beyond any run; a larger step is an edited or corrupt state, not a long run
+
+
+def _check_document(path: Path, doc: Any) -> None:
+    """The state's JSON document has what a resume reads, of the right kinds (a hand-edited one may not)."""
+    where = f"{path}: the training state's {_META_KEY!r} metadata"
+    if not isinstance(doc, dict):
+        raise UserError(f"{where} is not a JSON object")
+    for key in ("step", "param_groups", "optim_plain_state"):
+        if key not in doc:
+            raise UserError(f"{where} has no {key!r}; this file was not written by vitkit (or was edited)")
+    step, total = doc["step"], doc.get("total_steps", MAX_STEP)
+    for key, value in (("step", step), ("total_steps", total)):
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_STEP:
+            raise UserError(f"{where}: {key}={value!r}, expected a whole number of steps from 0 to {MAX_STEP:.0e}")
+    if step > total:
+        raise UserError(f"{where}: step={step} is past the run's total_steps={total}")
+    groups = doc["param_groups"]
+    if (
+        not isinstance(groups, list)
+        or not groups
+        or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+    ):
+        raise UserError(f"{where}: param_groups={str(groups)[:60]}, expected a list of optimizer groups with params")
+    plain = doc["optim_plain_state"]
+    if not isinstance(plain, dict) or not all(k.isdigit() and isinstance(v, dict) for k, v in plain.items()):
+        raise UserError(f"{where}: optim_plain_state={str(plain)[:60]}, expected an object of parameter indices")
+    window = doc.get("loss_window", [])
+    if not isinstance(window, list) or not all(isinstance(v, (int, float)) for v in window):
+        raise UserError(f"{where}: loss_window={str(window)[:60]}, expected a list of losses")
+    if not isinstance(doc.get("time", 0.0), (int, float)) or not isinstance(doc.get("metrics", {}), dict):
+        raise UserError(f"{where}: time or metrics is not of the kind vitkit writes (a number, an object)")
 
 
 def load_train_state(
