@@ -20,6 +20,7 @@ from vitkit.cli import main
 from vitkit.errors import UserError
 from vitkit.sweep import load_spec, run_sweep, shipped_sweeps
 from vitkit.sweep.run import default_threads, plan_cell, run_status
+from vitkit.train import train
 
 TINY_DIGITS = {
     "model": {"name": "vit_ti16", "patch_size": 4, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32},
@@ -99,6 +100,11 @@ def _independent_table(out: Path) -> dict[tuple[int, float], dict[str, list[floa
     return groups
 
 
+def _last_eval(run_dir: Path) -> dict:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in records if r["kind"] == "eval"][-1]
+
+
 def _files_of(run_dir: Path) -> dict[str, int]:
     return {p.name: p.stat().st_mtime_ns for p in run_dir.iterdir() if p.is_file()}
 
@@ -114,18 +120,23 @@ def test_a_killed_sweep_resumes_without_redoing_finished_cells_and_aggregates_it
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    try:
+    try:  # killed once the first cell has finished and the second has saved a train state (step 10 of 30)
         deadline = time.monotonic() + 120
-        while run_status(out / cells[0].name) != "finished":
+        while run_status(out / cells[1].name) not in ("partial", "finished"):
             assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-            assert time.monotonic() < deadline, "the first cell did not finish"
-            time.sleep(0.02)
+            assert time.monotonic() < deadline, "the second cell saved no state"
+            time.sleep(0.01)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     before = {c.name: run_status(out / c.name) for c in cells}
     assert before[cells[0].name] == "finished"
-    assert list(before.values()).count("finished") < len(cells), "killed too late: every cell had finished"
+    assert before[cells[1].name] == "partial", "killed too late: the second cell had finished"
+    # a run killed before its first save: a directory with a config and no state, started again from scratch
+    (out / cells[2].name).mkdir()
+    (out / cells[2].name / "config.yaml").write_text("# killed before its first save\n")
+    before[cells[2].name] = run_status(out / cells[2].name)
+    assert before[cells[2].name] == "started"
     finished = [name for name, status in before.items() if status == "finished"]
     stamps = {name: _files_of(out / name) for name in finished}
 
@@ -136,6 +147,13 @@ def test_a_killed_sweep_resumes_without_redoing_finished_cells_and_aggregates_it
         assert result.actions[name] == [expected], name
     assert all(_files_of(out / name) == stamps[name] for name in finished)  # finished cells untouched
     assert all(run_status(out / c.name) == "finished" for c in cells)
+    # the resumed cell ends as a run never interrupted would
+    plan = plan_cell(load_spec(spec_path), cells[1], tmp_path / "again", threads=1)
+    assert train(plan.first).metrics == {
+        k: v
+        for k, v in _last_eval(out / cells[1].name).items()
+        if k in ("eval_loss", "eval_top1", "eval_top5", "eval_images")
+    }
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == sorted(c.name for c in cells)  # no stray dirs
 
     # the table against an independent recomputation from the run directories
@@ -162,6 +180,8 @@ def test_a_killed_sweep_resumes_without_redoing_finished_cells_and_aggregates_it
     with open(out / "sweep.csv") as f:
         assert list(csv.DictReader(f)) == rows
     assert {c.name: _files_of(out / c.name) for c in cells} == stamps
+    with pytest.raises(UserError, match="'eval_top9' is not in the last eval record"):
+        run_sweep(_write_spec(tmp_path / "grid.yaml", metrics=["eval_top9"]), out, aggregate_only=True)
 
 
 @pytest.mark.parametrize("name", sorted(shipped_sweeps()))

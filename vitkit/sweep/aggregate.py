@@ -18,6 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
+from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
 from ..train.metrics import METRICS_NAME
 from .run import run_status
@@ -48,7 +49,9 @@ def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float] 
         records = [r for r in read_records(run_dir) if r.get("kind") == kind]
         if not records or key not in records[-1]:
             have = sorted(records[-1]) if records else []
-            raise KeyError(f"{run_dir / METRICS_NAME}: no {key!r} in its last {kind} record (it has {have})")
+            raise UserError(
+                f"metrics: {metric!r} is not in the last {kind} record of {run_dir / METRICS_NAME} (it has {have})"
+            )
         values[metric] = float(records[-1][key])
     return values
 
