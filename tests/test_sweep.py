@@ -195,3 +195,19 @@ def test_the_quick_variant_of_each_shipped_experiment_runs(name, tmp_path):
     assert all(r.mean[m] is not None for r in result.rows for m in spec.metrics)
     assert {p.name for p in result.files} >= {"sweep.csv", "sweep.json", "sweep.md"}
     assert all(p.is_file() and p.stat().st_size > 0 for p in result.files)
+
+
+def test_a_diverging_cell_fails_alone_and_the_command_says_so(tmp_path, capsys):
+    spec_path = _write_spec(
+        tmp_path / "d.yaml",
+        grid={"optim.lr": [0.001, 1e30]},
+        seeds=[0],
+        overrides=["schedule.steps=3", "schedule.warmup_steps=0", "run.save_every=0", "optim.grad_clip=0"],
+        figure={},
+    )
+    assert main(["sweep", str(spec_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "vitkit sweep: error: lr-1e+30_seed-0: non-finite" in err
+    assert run_status(tmp_path / "out" / "lr-0.001_seed-0") == "finished"
+    with open(tmp_path / "out" / "sweep.csv") as f:
+        assert [row["n"] for row in csv.DictReader(f)] == ["1", "0"]

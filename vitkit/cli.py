@@ -594,8 +594,13 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
 @command("sweep", "run a grid of configs x seeds (finished cells skipped), then tabulate and plot their metrics")
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .sweep import run_sweep
+    from .train import TrainingInterrupted
 
-    result = run_sweep(args.spec, args.out, args.jobs, args.aggregate_only, args.quick)
+    try:
+        result = run_sweep(args.spec, args.out, args.jobs, args.aggregate_only, args.quick)
+    except TrainingInterrupted as e:
+        print(f"vitkit sweep: interrupted: {e}; the same sweep command resumes it", file=sys.stderr)
+        return 128 + e.signum
     for path in result.files:
         print(f"wrote {path}")
     for name, error in result.failed.items():

@@ -29,11 +29,14 @@ from typing import Any
 
 from ..errors import UserError
 from ..io import DirectoryLock
-from ..train import train
+from ..train import NonFiniteLossError, train
 from ..train.config import TrainConfig, config_from_dict, load_config
 from ..train.state import STATE_NAME
 from .spec import FINETUNE, Cell, SweepSpec
 
+# what stops one cell and lets the others go on: a setting that does not work (a config error, a diverged run);
+# anything else is a bug and stops the sweep with its traceback
+CELL_FAILURES = (UserError, NonFiniteLossError)
 _STATE_META = "vitkit_train_state"  # the metadata key of a train_state.safetensors (vitkit.train.state)
 
 
@@ -137,7 +140,9 @@ class SweepRun:
 def run_cells(
     spec: SweepSpec, cells: list[Cell], out: Path, jobs: int = 1, log: Callable[[str], object] = print
 ) -> SweepRun:
-    """Run (or skip, or resume) every cell; a failed cell is reported and the others go on."""
+    """Run (or skip, or resume) every cell; a cell that fails (CELL_FAILURES) is reported and the others go on.
+    SIGINT / SIGTERM stop the running cell at a step boundary with its state saved (TrainingInterrupted): the same
+    command again resumes it."""
     if jobs < 1:
         raise UserError(f"--jobs: expected a positive number of parallel runs, got {jobs}")
     threads = default_threads(jobs)
@@ -156,7 +161,7 @@ def run_cells(
             log(f"{cell.name}: running")
             try:
                 actions[cell.name] = run_cell(plan)
-            except UserError as e:
+            except CELL_FAILURES as e:
                 failed[cell.name] = str(e)
                 log(f"{cell.name}: failed: {e}")
         return SweepRun(actions, failed)
@@ -171,7 +176,7 @@ def run_cells(
             for future in finished:
                 cell = futures[future]
                 error = future.exception()
-                if isinstance(error, UserError):
+                if isinstance(error, CELL_FAILURES):
                     failed[cell.name] = str(error)
                     log(f"{cell.name}: failed: {error}")
                 elif error is not None:
