@@ -189,6 +189,8 @@ def test_the_quick_variant_of_each_shipped_experiment_runs(name, tmp_path):
     spec = load_spec(name, quick=True)
     full = load_spec(name)
     assert len(full.expand()) > len(spec.expand())  # the quick variant is a cut of the full experiment
+    for cell in full.expand():  # every config of the full experiment builds (the runs are for later)
+        plan_cell(full, cell, tmp_path / "full", threads=1)
     result = run_sweep(name, tmp_path, quick=True, log=lambda line: None)
     assert not result.failed
     assert all(r.n == len(spec.seeds) for r in result.rows)
@@ -202,12 +204,13 @@ def test_a_diverging_cell_fails_alone_and_the_command_says_so(tmp_path, capsys):
         tmp_path / "d.yaml",
         grid={"optim.lr": [0.001, 1e30]},
         seeds=[0],
-        overrides=["schedule.steps=3", "schedule.warmup_steps=0", "run.save_every=0", "optim.grad_clip=0"],
+        overrides=["schedule.warmup_steps=0", "run.save_every=0", "optim.grad_clip=0"],
         figure={},
     )
-    assert main(["sweep", str(spec_path), "--out", str(tmp_path / "out")]) == 2
+    assert main(["sweep", str(spec_path), "--out", str(tmp_path / "out"), "schedule.steps=3"]) == 2  # every run
     err = capsys.readouterr().err
     assert "vitkit sweep: error: lr-1e+30_seed-0: non-finite" in err
     assert run_status(tmp_path / "out" / "lr-0.001_seed-0") == "finished"
+    assert yaml.safe_load((tmp_path / "out" / "lr-0.001_seed-0" / "config.yaml").read_text())["schedule"]["steps"] == 3
     with open(tmp_path / "out" / "sweep.csv") as f:
         assert [row["n"] for row in csv.DictReader(f)] == ["1", "0"]

@@ -585,6 +585,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
 @arguments("sweep")
 def add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("spec", help="a sweep spec .yaml, or a shipped one by name (data_regime, posemb, mpp, hybrids)")
+    p.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="for every run: how this machine runs them"
+    )
     p.add_argument("--jobs", type=int, default=1, help="cells run at once, each on cores/jobs threads (default 1)")
     p.add_argument("--out", help="the sweep's folder: one run directory per cell (default runs/sweeps/SPEC)")
     p.add_argument("--aggregate-only", action="store_true", help="only read the runs there: table and figures")
@@ -597,7 +600,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .train import TrainingInterrupted
 
     try:
-        result = run_sweep(args.spec, args.out, args.jobs, args.aggregate_only, args.quick)
+        result = run_sweep(args.spec, args.out, args.jobs, args.aggregate_only, args.quick, overrides=args.overrides)
     except TrainingInterrupted as e:
         print(f"vitkit sweep: interrupted: {e}; the same sweep command resumes it", file=sys.stderr)
         return 128 + e.signum

@@ -10,8 +10,8 @@ experiment of the paper, each with a ``quick`` variant of seconds) are in vitkit
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UserError
@@ -36,10 +36,18 @@ def run_sweep(
     aggregate_only: bool = False,
     quick: bool = False,
     log: Callable[[str], object] = print,
+    overrides: Sequence[str] = (),
 ) -> SweepResult:
-    """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick])."""
+    """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]).
+
+    ``overrides`` (``section.key=value``) go to every run of every cell, both stages, after the spec's own: how
+    this machine runs them (``run.device=cuda``, ``data.num_workers=8``, ``run.amp=bf16``), not what is compared.
+    """
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec, quick=quick)
+    if overrides:
+        extra = list(overrides)
+        spec = replace(spec, overrides=spec.overrides + extra, finetune_overrides=spec.finetune_overrides + extra)
     out = Path(out) if out is not None else Path("runs") / "sweeps" / (spec.name + ("_quick" if quick else ""))
     cells = spec.expand()
     done = SweepRun({}, {})

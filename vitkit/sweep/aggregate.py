@@ -160,7 +160,8 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
             if not points:
                 continue
             pos = [float(cast(float, p[0])) if numeric else float(xs.index(p[0])) for p in points]
-            name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in zip(line_keys, label)) or metric
+            given = [(k, v) for k, v in zip(line_keys, label) if v != "null"]  # a key this line's cells lack: left out
+            name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in given) or metric
             ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=name)
         if not numeric:
             ax.set_xticks(range(len(xs)), [value_text(x) for x in xs])
