@@ -604,6 +604,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---- sweep ----
+@arguments("sweep")
+def add_sweep(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="a sweep spec .yaml, or a shipped one by name (data_regime, posemb, mpp, hybrids)")
+    p.add_argument(
+        "overrides", nargs="*", metavar="section.key=value", help="for every run: how this machine runs them"
+    )
+    p.add_argument("--jobs", type=int, default=1, help="cells run at once, each on cores/jobs threads (default 1)")
+    p.add_argument("--out", help="the sweep's folder: one run directory per cell (default runs/sweeps/SPEC)")
+    p.add_argument("--aggregate-only", action="store_true", help="only read the runs there: table and figures")
+    p.add_argument("--quick", action="store_true", help="the spec's quick variant (seconds; what the tests run)")
+
+
+@command("sweep", "run a grid of configs x seeds (finished cells skipped), then tabulate and plot their metrics")
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from .sweep import run_sweep
+    from .train import TrainingInterrupted
+
+    try:
+        result = run_sweep(args.spec, args.out, args.jobs, args.aggregate_only, args.quick, overrides=args.overrides)
+    except TrainingInterrupted as e:
+        print(f"vitkit sweep: interrupted: {e}; the same sweep command resumes it", file=sys.stderr)
+        return 128 + e.signum
+    for path in result.files:
+        print(f"wrote {path}")
+    for name, error in result.failed.items():
+        print(f"vitkit sweep: error: {name}: {error}", file=sys.stderr)
+    return 2 if result.failed else 0
+
+
 # ---- report ----
 @arguments("report")
 def add_report(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,5 @@
-"""Data for training and evaluation: the embedded digits, image folders, CIFAR-10/100 and synthetic images.
+"""Data for training and evaluation: the embedded digits, image folders, CIFAR-10/100, synthetic images and
+procedural shapes of any size (``procedural.py``).
 
     train_ds, eval_ds, info = build_datasets(DataConfig(source="folder", root="photos/"))
 

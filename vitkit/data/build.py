@@ -24,6 +24,8 @@ from .datasets import (
 )
 from .digits import CLASS_NAMES as DIGIT_NAMES
 from .digits import digits_to_unit_range, load_digits_arrays
+from .procedural import CLASS_NAMES as SHAPE_NAMES
+from .procedural import EVAL_STREAM, TRAIN_STREAM, ProceduralShapes
 from .transforms import black_level, channel_stats, eval_transform, train_transform
 
 Transform = Callable[[Image.Image], torch.Tensor]  # a PIL image -> a normalised (C, H, W) tensor
@@ -44,6 +46,8 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
         built = build_synthetic(cfg)
     elif cfg.source in ("cifar10", "cifar100"):
         built = build_cifar(cfg)
+    elif cfg.source == "shapes":
+        built = build_shapes(cfg)
     else:
         built = build_folder(cfg)
     info = built[2]
@@ -133,6 +137,25 @@ def build_synthetic(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDat
         )
     names = [f"class_{k}" for k in range(cfg.synthetic_classes)]
     return _in_memory(cfg, x, labels, train_idx, test_idx, names)
+
+
+def build_shapes(cfg: DataConfig) -> tuple[ProceduralShapes, ProceduralShapes, DatasetInfo]:
+    """Procedural shapes drawn on the fly: data.num_images to train on, data.eval_images held out (another seed
+    stream), both from data.split_seed (see ``vitkit.data.procedural``)."""
+    mean, std = _stats(cfg)
+    src = SourceFields.of(cfg)
+    if src.train_augment != "none" or src.flip or cfg.train_fraction < 1:
+        raise UserError(
+            "data.source=shapes: every training image is new, so there is no data.train_augment, data.flip or "
+            "data.train_fraction (set data.num_images to the size you want)"
+        )
+    train, test = (
+        ProceduralShapes(
+            n, seed=cfg.split_seed, stream=stream, img_size=src.img_size, in_chans=src.in_chans, mean=mean, std=std
+        )
+        for n, stream in ((cfg.num_images, TRAIN_STREAM), (cfg.eval_images, EVAL_STREAM))
+    )
+    return train, test, _info(cfg, SHAPE_NAMES)
 
 
 def _in_memory(

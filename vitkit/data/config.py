@@ -7,6 +7,7 @@ Fields left as ``None`` mean "the source's default" and are filled by ``DataConf
     synthetic   32        3         none             False  0
     folder      224       3         inception_crop   True   0
     cifar10/100 224       3         inception_crop   True   0
+    shapes      32        3         none             False  0
 
 Every field is a plain type (str, int, float, bool, list), so a config round-trips through YAML/JSON and can be
 overridden field by field (``data.img_size=384``).
@@ -21,7 +22,7 @@ from ..errors import UserError
 from .transforms import AUGMENTS, channel_stats, check_augment
 
 RANDAUGMENT_MAX_OPS = 15  # the operations of RandAugment's default policy, drawn without replacement
-SOURCES = ("digits", "folder", "cifar10", "cifar100", "synthetic")
+SOURCES = ("digits", "folder", "cifar10", "cifar100", "synthetic", "shapes")
 
 _PHOTO_DEFAULTS = {"img_size": 224, "in_chans": 3, "train_augment": "inception_crop", "flip": True, "shift_pixels": 0}
 SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -30,6 +31,7 @@ SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "folder": _PHOTO_DEFAULTS,
     "cifar10": _PHOTO_DEFAULTS,
     "cifar100": _PHOTO_DEFAULTS,
+    "shapes": {"img_size": 32, "in_chans": 3, "train_augment": "none", "flip": False, "shift_pixels": 0},
 }
 
 
@@ -37,7 +39,7 @@ SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
 class DataConfig:
     """The data source and its preprocessing; ``None`` fields take the source default (module docstring)."""
 
-    source: str = "digits"  # "digits" | "folder" | "cifar10" | "cifar100" | "synthetic"
+    source: str = "digits"  # "digits" | "folder" | "cifar10" | "cifar100" | "synthetic" | "shapes"
     root: str | None = None  # folder: root/<class>/<images>; cifar: the directory holding the batch files
     val_root: str | None = None  # folder: a separate evaluation tree; None = hold out val_fraction of root
     val_fraction: float = 0.2  # folder (without val_root) and synthetic: stratified held-out fraction
@@ -62,6 +64,8 @@ class DataConfig:
     num_workers: int = 0  # DataLoader worker processes
     synthetic_size: int = 256  # synthetic: number of images (train + eval)
     synthetic_classes: int = 4  # synthetic: number of classes
+    num_images: int = 10_000  # shapes: training images, drawn on the fly from split_seed (vitkit.data.procedural)
+    eval_images: int = 2_000  # shapes: held-out images, from a seed stream of their own
 
     def resolve(self) -> DataConfig:
         """A copy with every ``None`` replaced by the source default, validated."""
@@ -101,6 +105,11 @@ class DataConfig:
                 raise UserError(f"data.{key}: expected >= 0 (0: off), got {getattr(self, key)}")
         if not 0 <= self.mixup_switch_prob <= 1:
             raise UserError(f"data.mixup_switch_prob: expected a probability in [0, 1], got {self.mixup_switch_prob}")
+        if self.source == "shapes" and (self.num_images < 1 or self.eval_images < 1):
+            raise UserError(
+                f"data.num_images={self.num_images}, data.eval_images={self.eval_images}: the shapes source needs "
+                "at least one image of each"
+            )
         if self.num_workers < 0:
             raise UserError(f"data.num_workers: expected >= 0, got {self.num_workers}")
         chans = self.in_chans or 3

@@ -1,0 +1,67 @@
+"""Sweeps: a grid (or list) of config overrides times seeds, each cell an ordinary run directory.
+
+    vitkit sweep posemb --quick --jobs 2 --out runs/sweeps/posemb
+
+``run_sweep`` expands a spec (spec.py), brings every cell to its end -- skipping finished cells, resuming or
+restarting unfinished ones (run.py) -- and writes the table and the figures from the runs' own metrics
+(aggregate.py); ``aggregate_only=True`` does the last part alone, for runs that exist. The shipped specs (one per
+experiment of the paper, each with a ``quick`` variant of seconds) are in vitkit/sweeps/.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..errors import UserError
+from .aggregate import Row, aggregate, write_figures, write_table
+from .run import SweepRun, run_cells
+from .spec import Cell, SweepSpec, load_spec, shipped_sweeps
+
+
+@dataclass
+class SweepResult:
+    out: Path
+    rows: list[Row]
+    files: list[Path]
+    actions: dict[str, list[str]] = field(default_factory=dict)  # cell name -> per stage: skipped / resumed / ran
+    failed: dict[str, str] = field(default_factory=dict)
+
+
+def run_sweep(
+    spec: str | Path | SweepSpec,
+    out: str | Path | None = None,
+    jobs: int = 1,
+    aggregate_only: bool = False,
+    quick: bool = False,
+    log: Callable[[str], object] = print,
+    overrides: Sequence[str] = (),
+) -> SweepResult:
+    """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]).
+
+    ``overrides`` (``section.key=value``) go to every run of every cell, both stages, after the spec's own: how
+    this machine runs them (``run.device=cuda``, ``data.num_workers=8``, ``run.amp=bf16``), not what is compared.
+    """
+    if not isinstance(spec, SweepSpec):
+        spec = load_spec(spec, quick=quick)
+    if overrides:
+        extra = list(overrides)
+        spec = replace(spec, overrides=spec.overrides + extra, finetune_overrides=spec.finetune_overrides + extra)
+    out = Path(out) if out is not None else Path("runs") / "sweeps" / (spec.name + ("_quick" if quick else ""))
+    cells = spec.expand()
+    done = SweepRun({}, {})
+    if aggregate_only:
+        if not out.is_dir():
+            raise UserError(f"{out}: no sweep here to aggregate (run it first, or give its --out)")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        settings = len(cells) // len(spec.seeds)
+        log(f"{spec.name}: {len(cells)} runs ({settings} settings x {len(spec.seeds)} seeds) in {out}")
+        done = run_cells(spec, cells, out, jobs, log)
+    rows, records = aggregate(spec, cells, out)
+    files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
+    return SweepResult(out, rows, files, done.actions, done.failed)
+
+
+__all__ = ["Cell", "Row", "SweepResult", "SweepSpec", "aggregate", "load_spec", "run_sweep", "shipped_sweeps"]

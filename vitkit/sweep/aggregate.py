@@ -1,0 +1,181 @@
+"""A sweep's results, read from the runs' own files: one table (CSV, JSON, markdown) and one figure per metric.
+
+Each cell's metric is read from its run directory's metrics.jsonl: ``NAME`` from the last eval record (the final
+evaluation), ``train.NAME`` from the last train record, ``finetune.NAME`` from the finetune run's. The cells that
+differ only in their seed form a row: the mean, the sample standard deviation (n - 1; none for one seed) and n,
+the number of seeds that have finished. Nothing here trains, so a sweep can be re-aggregated at any time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from ..errors import UserError
+from ..io import atomic_write, atomic_write_text
+from ..train.metrics import METRICS_NAME
+from .run import run_status
+from .spec import FINETUNE, Cell, SweepSpec, value_text
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
+
+TABLE_NAME = "sweep"  # sweep.csv, sweep.json, sweep.md
+
+
+def read_records(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / METRICS_NAME
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float] | None:
+    """The cell's metrics from its finished runs; None while any of its runs is unfinished."""
+    values: dict[str, float] = {}
+    for metric in metrics:
+        stage, _, name = metric.partition(".") if metric.startswith(f"{FINETUNE}.") else ("", "", metric)
+        run_dir = out / (f"{cell.name}--{FINETUNE}" if stage else cell.name)
+        if run_status(run_dir) != "finished":
+            return None
+        kind, _, key = name.partition(".") if name.startswith("train.") else ("eval", "", name)
+        records = [r for r in read_records(run_dir) if r.get("kind") == kind]
+        if not records or key not in records[-1]:
+            have = sorted(records[-1]) if records else []
+            raise UserError(
+                f"metrics: {metric!r} is not in the last {kind} record of {run_dir / METRICS_NAME} (it has {have})"
+            )
+        values[metric] = float(records[-1][key])
+    return values
+
+
+@dataclass
+class Row:
+    values: dict[str, Any]  # the axes
+    n: int
+    mean: dict[str, float | None]
+    std: dict[str, float | None]
+    seeds: list[int]
+
+
+def aggregate(spec: SweepSpec, cells: list[Cell], out: Path) -> tuple[list[Row], list[dict[str, Any]]]:
+    """(one row per group of seeds, one record per finished cell), in the spec's order."""
+    groups: dict[tuple[tuple[str, Any], ...], list[tuple[Cell, dict[str, float]]]] = {}
+    records = []
+    for cell in cells:
+        found = cell_metrics(out, cell, spec.metrics)
+        groups.setdefault(cell.group, [])
+        if found is not None:
+            groups[cell.group].append((cell, found))
+            records.append({"run": cell.name, "seed": cell.seed, **dict(cell.values), **found})
+    rows = []
+    for group, members in groups.items():
+        mean: dict[str, float | None] = {}
+        std: dict[str, float | None] = {}
+        for metric in spec.metrics:
+            xs = [found[metric] for _, found in members]
+            mean[metric] = statistics.fmean(xs) if xs else None
+            std[metric] = statistics.stdev(xs) if len(xs) > 1 else None
+        rows.append(Row(dict(group), len(members), mean, std, [c.seed for c, _ in members]))
+    return rows, records
+
+
+def _number(x: float | None, digits: int = 4) -> str:
+    return "" if x is None or math.isnan(x) else f"{x:.{digits}g}"
+
+
+def write_table(spec: SweepSpec, rows: list[Row], records: list[dict[str, Any]], out: Path) -> list[Path]:
+    """OUT/sweep.csv, .json and .md: one row per group, with mean, std and n of every metric."""
+    axes = spec.axes
+    header = [*axes, "n", *(f"{m}_{s}" for m in spec.metrics for s in ("mean", "std"))]
+    table = [
+        [*(value_text(r.values.get(k, "")) for k in axes), str(r.n)]
+        + [_number(v, 6) for m in spec.metrics for v in (r.mean[m], r.std[m])]
+        for r in rows
+    ]
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows(table)
+    csv_path, json_path, md_path = (out / f"{TABLE_NAME}.{ext}" for ext in ("csv", "json", "md"))
+    atomic_write_text(csv_path, text.getvalue())
+    doc = {
+        "spec": str(spec.path),
+        "axes": axes,
+        "metrics": spec.metrics,
+        "rows": [{**r.values, "n": r.n, "seeds": r.seeds, "mean": r.mean, "std": r.std} for r in rows],
+        "runs": records,
+    }
+    atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
+    md = [f"# {spec.name}", "", "| " + " | ".join([*axes, "n", *spec.metrics]) + " |"]
+    md.append("|" + "---|" * (len(axes) + 1 + len(spec.metrics)))
+    for r in rows:
+        cells = [value_text(r.values.get(k, "")) for k in axes] + [str(r.n)]
+        cells += [
+            "" if r.mean[m] is None else _number(r.mean[m]) + (f" ± {_number(r.std[m], 2)}" if r.std[m] else "")
+            for m in spec.metrics
+        ]
+        md.append("| " + " | ".join(cells) + " |")
+    md += ["", f"mean ± sample std over seeds; n: seeds finished of {len(spec.seeds)}."]
+    atomic_write_text(md_path, "\n".join(md) + "\n")
+    return [csv_path, json_path, md_path]
+
+
+def _save_png(fig: Figure, tmp: str) -> None:
+    fig.savefig(tmp, format="png", dpi=100)
+
+
+def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
+    """OUT/<metric>.png per metric: the metric against figure.x, one line per value of the other axes."""
+    x_key = spec.figure_x or (spec.axes[-1] if spec.axes else None)
+    if x_key is None or not any(r.n for r in rows):
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    line_keys = spec.figure_lines or [k for k in spec.axes if k != x_key]
+    xs = list(dict.fromkeys(r.values.get(x_key) for r in rows))
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
+    paths = []
+    for metric in spec.metrics:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        lines: dict[tuple[Any, ...], list[Row]] = {}
+        for r in rows:
+            lines.setdefault(tuple(value_text(r.values.get(k)) for k in line_keys), []).append(r)
+        for label, members in lines.items():
+            points = [
+                (r.values.get(x_key), mean, r.std[metric] or 0.0)
+                for r in members
+                if (mean := r.mean[metric]) is not None
+            ]
+            if not points:
+                continue
+            pos = [float(cast(float, p[0])) if numeric else float(xs.index(p[0])) for p in points]
+            given = [(k, v) for k, v in zip(line_keys, label) if v != "null"]  # a key this line's cells lack: left out
+            name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in given) or metric
+            ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=name)
+        if not numeric:
+            ax.set_xticks(range(len(xs)), [value_text(x) for x in xs])
+        if numeric and spec.log_x:
+            ax.set_xscale("log")
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(f"{metric} (mean ± std over seeds)")
+        ax.set_title(spec.name)
+        ax.grid(alpha=0.3)
+        if len(lines) > 1:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out / f"{metric.replace('.', '_')}.png"
+        atomic_write(path, partial(_save_png, fig))
+        plt.close(fig)
+        paths.append(path)
+    return paths

@@ -1,0 +1,187 @@
+"""Running a sweep: each cell is an ordinary training run in OUT/<cell name>, skipped when it has finished.
+
+What a rerun does with a cell's run directory (so a killed sweep, run again, picks up where it stopped):
+
+- finished (its train_state says step == total steps, with a final evaluation): skipped, never touched;
+- a train_state short of the end (the run saved at run.save_every, or on SIGINT / SIGTERM): resumed with
+  run.resume=true, which ends with the same weights as a run never interrupted;
+- no train_state (killed before its first save): nothing to resume, so the directory is removed (after taking
+  its lock, so a live run is never touched) and the cell starts again;
+- absent: started.
+
+A cell with a finetune stage is finished when both runs are; the second starts from the first's weights
+(run.init_from=OUT/<cell name>) in OUT/<cell name>--finetune. ``--jobs N`` runs N cells at once in spawned
+processes, each with run.threads = min(its config's, cores // N) so the cores are not oversubscribed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from ..errors import UserError
+from ..io import DirectoryLock
+from ..train import NonFiniteLossError, train
+from ..train.config import TrainConfig, config_from_dict, load_config
+from ..train.state import STATE_NAME
+from .spec import FINETUNE, Cell, SweepSpec
+
+# what stops one cell and lets the others go on: a setting that does not work (a config error, a diverged run);
+# anything else is a bug and stops the sweep with its traceback
+CELL_FAILURES = (UserError, NonFiniteLossError)
+_STATE_META = "vitkit_train_state"  # the metadata key of a train_state.safetensors (vitkit.train.state)
+
+
+def run_status(run_dir: Path) -> str:
+    """ "finished", "partial" (a state to resume), "started" (a directory without one) or "absent"."""
+    if not run_dir.is_dir():
+        return "absent"
+    state = run_dir / STATE_NAME
+    if not state.is_file():
+        return "started"
+    from safetensors import safe_open
+
+    with safe_open(str(state), framework="pt") as f:  # the header only: no tensor is read
+        doc = json.loads((f.metadata() or {}).get(_STATE_META, "{}"))
+    done = doc.get("step", 0) >= doc.get("total_steps", float("inf")) and bool(doc.get("metrics"))
+    return "finished" if done else "partial"
+
+
+def default_threads(jobs: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores // jobs)
+
+
+@dataclass(frozen=True)
+class CellPlan:
+    """What a cell runs: its first run's config, and the finetune stage's (config, overrides) if any, resolved only
+    once the first run has finished (its recipe reads the first run's checkpoint)."""
+
+    first: TrainConfig
+    finetune: tuple[str | dict[str, Any], list[str]] | None
+    threads: int
+
+    def run_dirs(self) -> list[Path]:
+        first = Path(self.first.run.out_dir) / str(self.first.run.name)
+        return [first, first.parent / f"{first.name}--{FINETUNE}"] if self.finetune else [first]
+
+
+def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int) -> CellPlan:
+    """The runs a plain ``vitkit train`` of the cell's overrides would make (the first one's config checked now)."""
+    common = [f"run.seed={cell.seed}", f"run.out_dir={out}", "run.progress=false"]
+    first = build_config(spec.base_config(), [*spec.overrides, *cell.overrides(), *common, f"run.name={cell.name}"])
+    finetune = None
+    if spec.finetune_config is not None:
+        ft_overrides = [
+            *spec.finetune_overrides,
+            *common,
+            f"run.name={cell.name}--{FINETUNE}",
+            f"run.init_from={out / cell.name}",
+        ]
+        finetune = (spec.base_config(spec.finetune_config), ft_overrides)
+    return CellPlan(_with_threads(first, threads), finetune, threads)
+
+
+def build_config(base: str | dict[str, Any], overrides: list[str]) -> TrainConfig:
+    """A config file (path or shipped name) or an inline config mapping, with overrides."""
+    if isinstance(base, dict):
+        return config_from_dict(base, overrides)
+    return load_config(base, overrides)
+
+
+def _with_threads(cfg: TrainConfig, threads: int) -> TrainConfig:
+    own = cfg.run.threads
+    return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, threads=min(own, threads) if own else threads))
+
+
+def run_cell(plan: CellPlan) -> list[str]:
+    """Bring every stage of a cell to its end; returns what was done to each ("skipped", "resumed", "ran")."""
+    done = [_run_stage(plan.first)]
+    if plan.finetune is not None:
+        base, overrides = plan.finetune
+        done.append(_run_stage(_with_threads(build_config(base, overrides), plan.threads)))
+    return done
+
+
+def _run_stage(cfg: TrainConfig) -> str:
+    run_dir = Path(cfg.run.out_dir) / str(cfg.run.name)
+    status = run_status(run_dir)
+    if status == "finished":
+        return "skipped"
+    if status == "started":
+        lock = DirectoryLock(run_dir).acquire()  # a UserError if a live process runs it
+        lock.release()
+        shutil.rmtree(run_dir)
+    resume = status == "partial"
+    if resume:
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=True))
+    result = train(cfg)
+    if result.run_dir.resolve() != run_dir.resolve():  # the run took another directory: a bug, not the user's
+        raise RuntimeError(f"cell run went to {result.run_dir}, expected {run_dir}")
+    return "resumed" if resume else "ran"
+
+
+@dataclass
+class SweepRun:
+    """What a sweep did: each cell's stage actions, and the cells that failed with their error."""
+
+    actions: dict[str, list[str]]
+    failed: dict[str, str]
+
+
+def run_cells(
+    spec: SweepSpec, cells: list[Cell], out: Path, jobs: int = 1, log: Callable[[str], object] = print
+) -> SweepRun:
+    """Run (or skip, or resume) every cell; a cell that fails (CELL_FAILURES) is reported and the others go on.
+    SIGINT / SIGTERM stop the running cell at a step boundary with its state saved (TrainingInterrupted): the same
+    command again resumes it."""
+    if jobs < 1:
+        raise UserError(f"--jobs: expected a positive number of parallel runs, got {jobs}")
+    threads = default_threads(jobs)
+    plans = [(cell, plan_cell(spec, cell, out, threads)) for cell in cells]  # every config checked before any run
+    actions: dict[str, list[str]] = {}
+    failed: dict[str, str] = {}
+    pending = []
+    for cell, plan in plans:
+        if all(run_status(d) == "finished" for d in plan.run_dirs()):
+            actions[cell.name] = ["skipped"] * len(plan.run_dirs())
+            log(f"{cell.name}: finished already, skipped")
+        else:
+            pending.append((cell, plan))
+    if jobs == 1:
+        for cell, plan in pending:
+            log(f"{cell.name}: running")
+            try:
+                actions[cell.name] = run_cell(plan)
+            except CELL_FAILURES as e:
+                failed[cell.name] = str(e)
+                log(f"{cell.name}: failed: {e}")
+        return SweepRun(actions, failed)
+    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
+        futures: dict[Future[list[str]], Cell] = {}
+        for cell, plan in pending:
+            log(f"{cell.name}: queued")
+            futures[pool.submit(run_cell, plan)] = cell
+        waiting = set(futures)
+        while waiting:
+            finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
+            for future in finished:
+                cell = futures[future]
+                error = future.exception()
+                if isinstance(error, CELL_FAILURES):
+                    failed[cell.name] = str(error)
+                    log(f"{cell.name}: failed: {error}")
+                elif error is not None:
+                    raise error
+                else:
+                    actions[cell.name] = future.result()
+                    log(f"{cell.name}: {', '.join(actions[cell.name])}")
+    return SweepRun(actions, failed)

@@ -1,0 +1,272 @@
+"""A sweep spec: a small YAML file naming a base config, the overrides every cell shares, the ones that vary, the
+seeds, the metrics to aggregate and the figure's axes.
+
+    # the docstring of a spec says what it measures, the command, the runtime and what to expect
+    config: digits                      # a shipped config name, a path (relative to this file first), or a
+                                        # mapping of sections (an inline config)
+    overrides: [schedule.steps=200]     # every cell (a list of key=value, or a mapping key: value)
+    grid:                               # the cross product of these values ...
+      model.pos_embed: [none, learned, learned_2d]
+      model.pos_embed_where: [input, every_layer]
+    cells:                              # ... and/or (times) this list of override sets
+      - {model.name: vit_ti16}
+      - {model.name: bit_r26x1, model.width_factor: 1}
+    skip:                               # combinations that make no sense: a cell matching any entry is left out
+      - {model.pos_embed: none, model.pos_embed_where: every_layer}
+    seeds: [0, 1, 2]                    # run.seed of each repeat
+    metrics: [eval_top1, eval_loss]     # from each run's final eval record; train.<key>: its last train record;
+                                        # finetune.<metric>: the finetune stage's run
+    figure: {x: model.pos_embed, lines: [model.pos_embed_where], log_x: false}
+    finetune:                           # optional: a second run per cell, initialised from the first
+      config: {data: {source: digits}}  #   (no model section: the model is the first run's)
+      overrides: [data.in_chans=3, data.img_size=32]
+    quick:                              # optional: what `--quick` changes (a run of seconds, run by the tests)
+      overrides: [schedule.steps=4]     #   appended to overrides
+      grid: {model.pos_embed: [none, learned]}   # replaces these grid keys
+      seeds: [0]
+      finetune_overrides: [schedule.steps=4]
+
+A cell's run directory is OUT/<name>, its name made of the overrides that vary (the last part of each key unless
+two keys share it) and the seed: ``pos_embed-learned_pos_embed_where-input_seed-0``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..errors import UserError
+
+SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics", "figure", "finetune", "quick")
+QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")
+FINETUNE = "finetune"  # the prefix of the finetune stage's metrics, and the suffix of its run directories
+
+
+def shipped_sweeps() -> dict[str, Path]:
+    """The specs shipped in vitkit/sweeps, by stem."""
+    folder = Path(__file__).resolve().parent.parent / "sweeps"
+    return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
+
+
+def value_text(value: Any) -> str:
+    """A YAML value as the text of a ``key=value`` override (what the config parser reads back)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(value_text(v) for v in value)
+    return str(value)
+
+
+def _override_list(doc: Any, where: str) -> list[str]:
+    if doc is None:
+        return []
+    if isinstance(doc, dict):
+        return [f"{k}={value_text(v)}" for k, v in doc.items()]
+    if isinstance(doc, list) and all(isinstance(item, str) and "=" in item for item in doc):
+        return list(doc)
+    raise UserError(f"{where}: expected a list of section.key=value strings or a mapping of key: value, got {doc!r}")
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One run of a sweep: its varying overrides (key -> value, in axis order), its seed and its name."""
+
+    values: tuple[tuple[str, Any], ...]
+    seed: int
+    name: str
+
+    @property
+    def group(self) -> tuple[tuple[str, Any], ...]:
+        """What the cell's seeds share: the cells of one group are averaged."""
+        return self.values
+
+    def overrides(self) -> list[str]:
+        return [f"{k}={value_text(v)}" for k, v in self.values]
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    path: Path
+    config: str | dict[str, Any]
+    overrides: list[str]
+    grid: dict[str, list[Any]]
+    cells: list[dict[str, Any]]
+    skip: list[dict[str, Any]]
+    seeds: list[int]
+    metrics: list[str]
+    figure_x: str | None = None
+    figure_lines: list[str] = field(default_factory=list)
+    log_x: bool = False
+    finetune_config: str | dict[str, Any] | None = None
+    finetune_overrides: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+    @property
+    def axes(self) -> list[str]:
+        """The keys that vary, list cells' keys first, then the grid's, each once."""
+        keys: list[str] = []
+        for key in [k for cell in self.cells for k in cell] + list(self.grid):
+            if key not in keys:
+                keys.append(key)
+        return keys
+
+    def base_config(self, which: str | dict[str, Any] | None = None) -> str | dict[str, Any]:
+        """The config of the first stage (or ``which``): an inline mapping as it is; a name, a file next to the
+        spec if there is one, else as the config loader finds it (a path or a shipped name)."""
+        name = self.config if which is None else which
+        if isinstance(name, dict):
+            return name
+        beside = self.path.parent / name
+        return str(beside) if beside.is_file() else name
+
+    def expand(self) -> list[Cell]:
+        """Every cell: list cells x grid points x seeds, minus the skipped combinations, named."""
+        axes = self.axes
+        grid_points = [dict(zip(self.grid, combo)) for combo in itertools.product(*self.grid.values())]
+        combos: list[dict[str, Any]] = []
+        for listed in self.cells or [{}]:
+            for point in grid_points:
+                clash = sorted(set(listed) & set(point))
+                if clash:
+                    raise UserError(f"{self.path}: keys {clash} are in both grid and cells; give each in one place")
+                combo = {**listed, **point}
+                if not any(all(k in combo and combo[k] == v for k, v in s.items()) for s in self.skip):
+                    combos.append(combo)
+        short = _short_names(axes)
+        cells: list[Cell] = []
+        seen: dict[str, dict[str, Any]] = {}
+        for combo in combos:
+            values = tuple((k, _frozen(combo[k])) for k in axes if k in combo)
+            for seed in self.seeds:
+                name = "_".join([*(f"{short[k]}-{_slug(v)}" for k, v in values), f"seed-{seed}"])
+                if name in seen:
+                    raise UserError(f"{self.path}: cells {seen[name]} and {dict(values)} would share run {name!r}")
+                seen[name] = dict(values)
+                cells.append(Cell(values, seed, name))
+        return cells
+
+
+def _frozen(value: Any) -> Any:
+    """A YAML value as a hashable one (lists as tuples): cells group by their values."""
+    return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
+
+
+def _short_names(keys: list[str]) -> dict[str, str]:
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def _slug(value: Any) -> str:
+    text = value_text(value).replace(",", "x").replace("/", "-")
+    return re.sub(r"[^A-Za-z0-9.+-]", "", text) or "none"
+
+
+def _mapping(doc: Any, where: str) -> dict[str, Any]:
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise UserError(f"{where}: expected a mapping, got {doc!r}")
+    return doc
+
+
+def _grid(doc: Any, where: str) -> dict[str, list[Any]]:
+    grid = _mapping(doc, where)
+    for key, values in grid.items():
+        if not isinstance(values, list) or not values:
+            raise UserError(f"{where}.{key}: expected a non-empty list of values, got {values!r}")
+    return {str(k): list(v) for k, v in grid.items()}
+
+
+def _seeds(doc: Any, where: str) -> list[int]:
+    seeds = [0] if doc is None else doc
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
+    ):
+        raise UserError(f"{where}: expected a non-empty list of integer seeds, got {seeds!r}")
+    return list(seeds)
+
+
+def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
+    """A spec file (or the stem of a shipped one), with its ``quick`` section applied when asked."""
+    path = Path(name_or_path)
+    if not path.is_file():
+        shipped = shipped_sweeps()
+        if str(name_or_path) not in shipped:
+            raise UserError(
+                f"sweep {str(name_or_path)!r}: no such file, and not a shipped sweep ({', '.join(shipped)})"
+            )
+        path = shipped[str(name_or_path)]
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML ({e})") from None
+    doc = _mapping(doc, str(path))
+    unknown = sorted(set(doc) - set(SPEC_KEYS))
+    if unknown:
+        raise UserError(f"{path}: unknown keys {unknown}; a sweep spec has {', '.join(SPEC_KEYS)}")
+    if not isinstance(doc.get("config"), (str, dict)):
+        raise UserError(f"{path}: config: expected the base config (a shipped name, a .yaml path or a mapping)")
+    overrides = _override_list(doc.get("overrides"), f"{path}: overrides")
+    grid = _grid(doc.get("grid"), f"{path}: grid")
+    cells = doc.get("cells") or []
+    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
+        raise UserError(f"{path}: cells: expected a list of mappings key: value, got {cells!r}")
+    skip = doc.get("skip") or []
+    if not isinstance(skip, list) or not all(isinstance(c, dict) for c in skip):
+        raise UserError(f"{path}: skip: expected a list of mappings key: value, got {skip!r}")
+    seeds = _seeds(doc.get("seeds"), f"{path}: seeds")
+    finetune = _mapping(doc.get("finetune"), f"{path}: finetune")
+    ft_overrides = _override_list(finetune.get("overrides"), f"{path}: finetune.overrides")
+    if finetune and not isinstance(finetune.get("config"), (str, dict)):
+        raise UserError(f"{path}: finetune.config: expected the finetune stage's config (a name, a path or a mapping)")
+    if quick:
+        q = _mapping(doc.get("quick"), f"{path}: quick")
+        if not q:
+            raise UserError(f"{path}: no quick section, so no --quick variant")
+        bad = sorted(set(q) - set(QUICK_KEYS))
+        if bad:
+            raise UserError(f"{path}: quick: unknown keys {bad}; expected some of {', '.join(QUICK_KEYS)}")
+        overrides += _override_list(q.get("overrides"), f"{path}: quick.overrides")
+        ft_overrides += _override_list(q.get("finetune_overrides"), f"{path}: quick.finetune_overrides")
+        grid = {**grid, **_grid(q.get("grid"), f"{path}: quick.grid")}
+        if "cells" in q:
+            cells = q["cells"]
+        if "seeds" in q:
+            seeds = _seeds(q["seeds"], f"{path}: quick.seeds")
+    metrics = doc.get("metrics") or ["eval_top1"]
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise UserError(f"{path}: metrics: expected a list of metric names, got {metrics!r}")
+    if any(m.startswith(f"{FINETUNE}.") for m in metrics) and not finetune:
+        raise UserError(f"{path}: metrics name the {FINETUNE} stage but the spec has no {FINETUNE} section")
+    figure = _mapping(doc.get("figure"), f"{path}: figure")
+    spec = SweepSpec(
+        path=path,
+        config=doc["config"],
+        overrides=overrides,
+        grid=grid,
+        cells=[{str(k): v for k, v in c.items()} for c in cells],
+        skip=[{str(k): v for k, v in c.items()} for c in skip],
+        seeds=seeds,
+        metrics=list(metrics),
+        figure_x=figure.get("x"),
+        figure_lines=list(figure.get("lines") or []),
+        log_x=bool(figure.get("log_x", False)),
+        finetune_config=finetune.get("config"),
+        finetune_overrides=ft_overrides,
+    )
+    for key in [k for k in (spec.figure_x, *spec.figure_lines) if k is not None]:
+        if key not in spec.axes:
+            raise UserError(f"{path}: figure: {key!r} is not a key that varies ({', '.join(spec.axes) or 'none'})")
+    return spec
