@@ -1,4 +1,5 @@
-"""Data for training and evaluation: the embedded digits, image folders, CIFAR-10/100 and synthetic images.
+"""Data for training and evaluation: the embedded digits, image folders, CIFAR-10/100, synthetic images, Hugging
+Face datasets (hf.py), WebDataset shards (wds.py; written by shard.py) and CSV / JSON manifests (manifest.py).
 
     train_ds, eval_ds, info = build_datasets(DataConfig(source="folder", root="photos/"))
 
@@ -23,6 +24,7 @@ from .datasets import (
     stratified_split,
 )
 from .transforms import augment_images, eval_transform, load_image, sample_crop_boxes, train_transform
+from .wds import WebDatasetStream
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -33,6 +35,7 @@ __all__ = [
     "DatasetInfo",
     "ImageFolderDataset",
     "TensorImageDataset",
+    "WebDatasetStream",
     "augment_images",
     "build_datasets",
     "eval_transform",
