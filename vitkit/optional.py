@@ -25,7 +25,6 @@ EXTRAS = {
     "tensorboard": "tensorboard",
     "datasets": "hf",
     "webdataset": "wds",
-    "braceexpand": "wds",
     "sklearn": "dev",
     "scipy": "dev",
 }

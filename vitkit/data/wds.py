@@ -82,10 +82,11 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
 
 
 def expand_pattern(pattern: str) -> list[str]:
-    """Brace and glob patterns -> existing local shard files, in pattern order."""
-    braceexpand = require("braceexpand", "data.source=wds")
+    """Brace and glob patterns -> existing local shard files, in pattern order (braces and $VARS expanded by
+    webdataset's own ``expand_urls``; "::" joins patterns)."""
+    wds = require("webdataset", "data.source=wds")
     paths: list[str] = []
-    for item in braceexpand.braceexpand(pattern):
+    for item in wds.shardlists.expand_urls(pattern):
         paths += sorted(glob.glob(item)) if any(c in item for c in "*?[") else [item]
     missing = [p for p in paths if not Path(p).is_file()]
     if not paths or missing:
