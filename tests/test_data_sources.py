@@ -250,6 +250,34 @@ def test_wds_order_is_independent_of_workers_and_resumes_exactly(tmp_path, capsy
     assert "skipping 120 samples of this rank without decoding them" in capsys.readouterr().out
 
 
+def test_wds_run_stopped_and_resumed_equals_one_straight_through(tmp_path):
+    """A training run on a stream, saved mid-epoch and resumed, ends with the weights of an uninterrupted run."""
+    write_tar_shards(tmp_path / "s", "train", digits_rows(False)[:160], 40)
+    write_tar_shards(tmp_path / "s", "val", digits_rows(True)[:20], 40)
+    data = {"source": "wds", "root": str(tmp_path / "s/train-*.tar"), "val_root": str(tmp_path / "s/val-*.tar")}
+    doc = run_doc(tmp_path, {**data, "shuffle_buffer": 16, "train_augment": "inception_crop", "flip": True}, "x", 6)
+    doc["optim"]["batch_size"] = 32  # 5 steps per epoch: the cut at step 3 is mid-epoch, the run ends in epoch 1
+    reference = Trainer(config_from_dict(doc, ["run.name=ref"]))
+    try:
+        reference.fit()
+        straight = {k: v.clone() for k, v in reference.model.state_dict().items()}
+    finally:
+        reference.close()
+    first = Trainer(config_from_dict(doc, ["run.name=cut"]))
+    batches = first.batches(0)
+    for _ in range(3):
+        first.train_step(batches)
+    first.save()
+    first.close()
+    resumed = Trainer(config_from_dict(doc, ["run.name=cut", "run.resume=true"]))
+    try:
+        resumed.fit()
+        for name, value in resumed.model.state_dict().items():
+            torch.testing.assert_close(value, straight[name], rtol=0, atol=0, msg=name)
+    finally:
+        resumed.close()
+
+
 def test_vitkit_shard_writes_what_it_reads(tmp_path, capsys):
     assert cli_main(["shard", "digits", str(tmp_path / "out"), "--shard-size", "500"]) == 0
     doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
