@@ -136,6 +136,9 @@ def test_hf_save_to_disk_trains_on_the_digits(tmp_path, in_memory_epoch):
     assert info.class_names == [f"d{k}" for k in range(10)]  # the ClassLabel names
     assert items(held) == reference(test=True)  # the test split is the evaluation split
     assert seen_by_model(tmp_path, {"source": "hf", "root": str(tmp_path / "hfdigits")}, "hf") == in_memory_epoch
+    assert cli_main(["shard", f"hf:{tmp_path / 'hfdigits'}", str(tmp_path / "shards"), "--shard-size", "1000"]) == 0
+    resharded, _, info = build_datasets(DataConfig(source="wds", root=str(tmp_path / "shards"), **PLAIN))
+    assert info.class_names == [f"d{k}" for k in range(10)] and items(resharded) == reference(test=False)
 
 
 def test_hf_parquet_splits_and_columns(tmp_path, in_memory_epoch):
