@@ -650,6 +650,27 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+@arguments("shard")
+def add_shard(p: argparse.ArgumentParser) -> None:
+    p.add_argument("source", help="any --data vitkit reads: digits, an image folder, hf:NAME, manifest:FILE, ...")
+    p.add_argument("out_dir", help="the directory to write the shards and manifest.json into (created)")
+    p.add_argument("overrides", nargs="*", metavar="data.key=value", help="changes to the data section")
+    p.add_argument("--shard-size", type=int, default=1000, help="samples per shard (1000)")
+
+
+@command("shard", "write any data source as WebDataset shards (train-*.tar, val-*.tar) with a manifest.json")
+def cmd_shard(args: argparse.Namespace) -> int:
+    from .data.shard import write_shards
+    from .train.config import config_from_dict, data_section
+
+    cfg = config_from_dict({"data": data_section(args.source)}, args.overrides).data
+    doc = write_shards(cfg, args.out_dir, args.shard_size)
+    parts = ", ".join(f"{k} {v['total']} in {len(v['shards'])} shards" for k, v in doc["splits"].items())
+    print(f"wrote {args.out_dir}: {parts}, {len(doc['classes'])} classes; train with --data wds:{args.out_dir}")
+    print(f"  preprocessing of the source: {' '.join(doc['overrides'])}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------- main
 def version() -> str:
     """The installed distribution's version, or the package's own when it runs from a source tree."""

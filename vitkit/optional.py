@@ -3,7 +3,7 @@
     onnx = require("onnx", "ONNX export")   # the module, or MissingDependencyError:
     # "ONNX export needs the onnx package: pip install 'vitkit[onnx]'"
 
-The extras are pyproject's optional-dependencies (onnx, bench, augment, tensorboard; dev for development-only
+The extras are pyproject's optional-dependencies (onnx, bench, augment, tensorboard, hf, wds; dev for development-only
 tools). A missing package is a user's to install, so the error is a UserError (one line, exit status 2 on the
 command line); it is also an ImportError, so code that catches ImportError keeps working.
 """
@@ -23,6 +23,8 @@ EXTRAS = {
     "transformers": "bench",
     "kornia": "augment",
     "tensorboard": "tensorboard",
+    "datasets": "hf",
+    "webdataset": "wds",
     "sklearn": "dev",
     "scipy": "dev",
 }

@@ -1,5 +1,6 @@
-"""Data for training and evaluation: the embedded digits, image folders, CIFAR-10/100, synthetic images and
-procedural shapes of any size (``procedural.py``).
+"""Data for training and evaluation: the embedded digits, image folders, CIFAR-10/100, synthetic images,
+procedural shapes of any size (procedural.py), Hugging Face datasets (hf.py), WebDataset shards (wds.py; written
+by shard.py) and CSV / JSON manifests (manifest.py).
 
     train_ds, eval_ds, info = build_datasets(DataConfig(source="folder", root="photos/"))
 
@@ -24,6 +25,7 @@ from .datasets import (
     stratified_split,
 )
 from .transforms import augment_images, eval_transform, load_image, sample_crop_boxes, train_transform
+from .wds import WebDatasetStream
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -34,6 +36,7 @@ __all__ = [
     "DatasetInfo",
     "ImageFolderDataset",
     "TensorImageDataset",
+    "WebDatasetStream",
     "augment_images",
     "build_datasets",
     "eval_transform",

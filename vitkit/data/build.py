@@ -1,4 +1,7 @@
-"""``build_datasets``: a DataConfig -> (train dataset, eval dataset, DatasetInfo), one builder per source."""
+"""``build_datasets``: a DataConfig -> (train dataset, eval dataset, DatasetInfo), one builder per source.
+
+The file-backed sources (hf, wds, manifest) are rows of ``FILE_BUILDERS``; their optional packages are imported
+only when one is built (``vitkit.optional.require``)."""
 
 from __future__ import annotations
 
@@ -24,9 +27,12 @@ from .datasets import (
 )
 from .digits import CLASS_NAMES as DIGIT_NAMES
 from .digits import digits_to_unit_range, load_digits_arrays
+from .hf import HFImageDataset, build_hf_parts
+from .manifest import split_manifest
 from .procedural import CLASS_NAMES as SHAPE_NAMES
 from .procedural import EVAL_STREAM, TRAIN_STREAM, ProceduralShapes
 from .transforms import black_level, channel_stats, eval_transform, train_transform
+from .wds import build_wds_parts
 
 Transform = Callable[[Image.Image], torch.Tensor]  # a PIL image -> a normalised (C, H, W) tensor
 
@@ -48,6 +54,8 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
         built = build_cifar(cfg)
     elif cfg.source == "shapes":
         built = build_shapes(cfg)
+    elif cfg.source in FILE_BUILDERS:
+        built = FILE_BUILDERS[cfg.source](cfg)
     else:
         built = build_folder(cfg)
     info = built[2]
@@ -64,12 +72,47 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     return built
 
 
+def build_hf(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """A Hugging Face dataset (``vitkit.data.hf``): its train / validation splits, or a held-out fraction."""
+    train, test, names = build_hf_parts(
+        _root(cfg), cfg.image_column, cfg.label_column, cfg.val_fraction, cfg.split_seed, *_transforms(cfg)
+    )
+    return train, test, _info(cfg, names)
+
+
+def build_wds(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """WebDataset shards (``vitkit.data.wds``): a stream for training, the val shards for evaluation."""
+    if cfg.train_fraction < 1:
+        raise UserError("data.train_fraction < 1 is not available for a stream (data.source=wds); shard a subset")
+    train, test, names = build_wds_parts(_root(cfg), cfg.val_root, cfg.shuffle_buffer, *_transforms(cfg))
+    return train, test, _info(cfg, names)
+
+
+def build_manifest(cfg: DataConfig) -> tuple[ImageFolderDataset, ImageFolderDataset, DatasetInfo]:
+    """Files listed in a CSV / JSON manifest (``vitkit.data.manifest``), read like an image folder."""
+    names, train_samples, eval_samples = split_manifest(_root(cfg), cfg.val_fraction, cfg.split_seed)
+    train_tf, test_tf = _transforms(cfg)
+    train = ImageFolderDataset(train_samples, train_tf, skip_corrupt=cfg.skip_corrupt)
+    test = ImageFolderDataset(eval_samples, test_tf, skip_corrupt=cfg.skip_corrupt)
+    return train, test, _info(cfg, names)
+
+
+FILE_BUILDERS: dict[str, Callable[[DataConfig], tuple[Dataset, Dataset, DatasetInfo]]] = {
+    "hf": build_hf,
+    "wds": build_wds,
+    "manifest": build_manifest,
+}
+
+
 def keep_fraction(train: Dataset, fraction: float, seed: int) -> Dataset:
     """A stratified ``fraction`` of a training set (every class keeps at least one image), the same for every run
     with this seed: the labelled subset of a label-scarce experiment, whatever the run's own seed."""
     if isinstance(train, ImageFolderDataset):
         keep, _ = stratified_split([label for _, label in train.samples], 1 - fraction, seed)
         train.samples = [train.samples[i] for i in sorted(keep)]
+    elif isinstance(train, HFImageDataset):
+        keep, _ = stratified_split(train.labels, 1 - fraction, seed)
+        train.rows = [train.rows[i] for i in sorted(keep)]
     elif isinstance(train, (TensorImageDataset, ArrayImageDataset)):  # images and labels in memory
         keep, _ = stratified_split([int(label) for label in train.labels], 1 - fraction, seed)
         train.images, train.labels = train.images[sorted(keep)], train.labels[sorted(keep)]

@@ -8,6 +8,12 @@ Fields left as ``None`` mean "the source's default" and are filled by ``DataConf
     folder      224       3         inception_crop   True   0
     cifar10/100 224       3         inception_crop   True   0
     shapes      32        3         none             False  0
+    hf, wds,    224       3         inception_crop   True   0
+    manifest
+
+``--data`` spells the three file-backed sources with a prefix (``source_section``): ``hf:NAME[:CONFIG]`` (a
+Hugging Face dataset, a ``save_to_disk`` directory, parquet files or an imagefolder), ``wds:PATTERN``
+(WebDataset shards, brace patterns or a directory written by ``vitkit shard``), ``manifest:FILE.csv|json``.
 
 Every field is a plain type (str, int, float, bool, list), so a config round-trips through YAML/JSON and can be
 overridden field by field (``data.img_size=384``).
@@ -22,7 +28,8 @@ from ..errors import UserError
 from .transforms import AUGMENTS, channel_stats, check_augment
 
 RANDAUGMENT_MAX_OPS = 15  # the operations of RandAugment's default policy, drawn without replacement
-SOURCES = ("digits", "folder", "cifar10", "cifar100", "synthetic", "shapes")
+FILE_SOURCES = ("hf", "wds", "manifest")  # named by --data PREFIX:WHERE; data.root holds WHERE
+SOURCES: tuple[str, ...] = ("digits", "folder", "cifar10", "cifar100", "synthetic", "shapes", *FILE_SOURCES)
 
 _PHOTO_DEFAULTS = {"img_size": 224, "in_chans": 3, "train_augment": "inception_crop", "flip": True, "shift_pixels": 0}
 SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -33,13 +40,24 @@ SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
     "cifar100": _PHOTO_DEFAULTS,
     "shapes": {"img_size": 32, "in_chans": 3, "train_augment": "none", "flip": False, "shift_pixels": 0},
 }
+SOURCE_DEFAULTS.update({name: _PHOTO_DEFAULTS for name in FILE_SOURCES})
+
+
+def source_section(data: str) -> dict[str, Any] | None:
+    """``--data hf:NAME``, ``wds:PATTERN``, ``manifest:FILE`` -> {"source": ..., "root": ...}; None otherwise."""
+    prefix, sep, where = data.partition(":")
+    if not sep or prefix not in FILE_SOURCES:
+        return None
+    if not where:
+        raise UserError(f"--data {data!r}: expected {prefix}:WHERE (a name, a path or a pattern after the colon)")
+    return {"source": prefix, "root": where}
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """The data source and its preprocessing; ``None`` fields take the source default (module docstring)."""
 
-    source: str = "digits"  # "digits" | "folder" | "cifar10" | "cifar100" | "synthetic" | "shapes"
+    source: str = "digits"  # one of SOURCES: digits, folder, cifar10/100, synthetic, shapes, hf, wds, manifest
     root: str | None = None  # folder: root/<class>/<images>; cifar: the directory holding the batch files
     val_root: str | None = None  # folder: a separate evaluation tree; None = hold out val_fraction of root
     val_fraction: float = 0.2  # folder (without val_root) and synthetic: stratified held-out fraction
@@ -66,6 +84,9 @@ class DataConfig:
     synthetic_classes: int = 4  # synthetic: number of classes
     num_images: int = 10_000  # shapes: training images, drawn on the fly from split_seed (vitkit.data.procedural)
     eval_images: int = 2_000  # shapes: held-out images, from a seed stream of their own
+    image_column: str | None = None  # hf: the column of images (None: the Image feature, or "image" / "img")
+    label_column: str | None = None  # hf: the column of labels (None: the ClassLabel feature, or "label")
+    shuffle_buffer: int = 1000  # wds: samples held in the streaming shuffle buffer of each rank (1: no shuffle)
 
     def resolve(self) -> DataConfig:
         """A copy with every ``None`` replaced by the source default, validated."""
@@ -77,7 +98,7 @@ class DataConfig:
         return cfg
 
     def validate(self) -> None:
-        if self.source in ("folder", "cifar10", "cifar100") and not self.root:
+        if self.source in ("folder", "cifar10", "cifar100", *FILE_SOURCES) and not self.root:
             raise UserError(f"data.root: required for source {self.source!r} (the directory holding the data)")
         if self.img_size is not None and self.img_size < 1:
             raise UserError(f"data.img_size: expected a positive integer, got {self.img_size}")
@@ -110,6 +131,8 @@ class DataConfig:
                 f"data.num_images={self.num_images}, data.eval_images={self.eval_images}: the shapes source needs "
                 "at least one image of each"
             )
+        if self.shuffle_buffer < 1:
+            raise UserError(f"data.shuffle_buffer: expected >= 1 (1: stream order), got {self.shuffle_buffer}")
         if self.num_workers < 0:
             raise UserError(f"data.num_workers: expected >= 0, got {self.num_workers}")
         chans = self.in_chans or 3
@@ -169,4 +192,4 @@ class DatasetInfo:
         return asdict(self)
 
 
-__all__ = ["AUGMENTS", "SOURCES", "SOURCE_DEFAULTS", "DataConfig", "DatasetInfo"]
+__all__ = ["AUGMENTS", "FILE_SOURCES", "SOURCES", "SOURCE_DEFAULTS", "DataConfig", "DatasetInfo", "source_section"]

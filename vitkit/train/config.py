@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 import yaml
 
 from ..data import DataConfig
-from ..data.config import SOURCES
+from ..data.config import SOURCES, source_section
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..models import ResNetConfig, ViTConfig
 from ..models.registry import MODELS, config_class, model_config, unknown_model
@@ -556,6 +556,8 @@ def data_section(data: str) -> dict[str, Any]:
     path = Path(data)
     if data in SOURCES:
         return {"source": data}
+    if (prefixed := source_section(data)) is not None:  # hf:NAME, wds:PATTERN, manifest:FILE
+        return prefixed
     if path.is_dir():
         return {"source": "folder", "root": data}
     if path.suffix in (".yaml", ".yml") and path.is_file():
@@ -564,7 +566,8 @@ def data_section(data: str) -> dict[str, Any]:
             raise UserError(f"{path}: the 'data' section must be a mapping of key: value")
         return dict(section)
     raise UserError(
-        f"--data {data!r}: expected a source ({', '.join(SOURCES)}), an image folder or a config .yaml file"
+        f"--data {data!r}: expected a source ({', '.join(SOURCES)}), an image folder, hf:NAME, wds:PATTERN, "
+        "manifest:FILE or a config .yaml file"
     )
 
 

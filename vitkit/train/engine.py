@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from ..checkpoint.loader import Checkpoint
 from ..checkpoint.native import save_pretrained
-from ..data import DatasetInfo, TensorImageDataset, build_datasets
+from ..data import DatasetInfo, TensorImageDataset, WebDatasetStream, build_datasets
 from ..data.augment import build_augment
 from ..device import autocast, bf16_is_fast
 from ..errors import ConfigError, UserError, UserFileNotFoundError
@@ -556,6 +556,20 @@ class Trainer:
                     idx = plan.global_micro_batch(step, micro, perm)
                     torch.manual_seed(mix_seed(seed, step, micro, 0xA06))  # the same on every rank
                     yield ds.augment_batch(ds.images[idx])[rows], ds.labels[idx][rows]
+            return
+        if isinstance(ds, WebDatasetStream):  # shards: the stream follows the same plan (vitkit.data.wds)
+            o, d = self.cfg.optim, self.dist
+            yield from ds.batches(
+                batch_size=o.batch_size,
+                accum_steps=o.accum_steps,
+                world_size=d.world_size,
+                rank=d.rank,
+                seed=seed,
+                start_step=start_step,
+                total_steps=self.total_steps,
+                num_workers=self.cfg.data.num_workers,
+                pin_memory=self.device.type == "cuda",
+            )
             return
         loader = DataLoader(
             SeededItems(ds),

@@ -1,0 +1,378 @@
+"""Hugging Face datasets, WebDataset shards and CSV/JSON manifests as data sources.
+
+The digits are written in each format by code here (the datasets library's own writer, pyarrow, Python's
+tarfile), independently of vitkit's readers; training through each must hand the model exactly the digits the
+in-memory source hands it: the same multiset of (label, pixels) per epoch.
+"""
+
+from __future__ import annotations
+
+import builtins
+import hashlib
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from torch.utils.data import IterableDataset
+
+from vitkit.cli import main as cli_main
+from vitkit.data import DataConfig, build_datasets
+from vitkit.data.digits import load_digits_arrays
+from vitkit.errors import UserError
+from vitkit.optional import MissingDependencyError
+from vitkit.train import Trainer, config_from_dict
+
+datasets = pytest.importorskip("datasets")
+pytest.importorskip("webdataset")
+
+REPO = Path(__file__).resolve().parents[1]
+# 8x8 pixels as stored (0..16 -> 0..255), unnormalised, unaugmented (a shift by 0 pixels: "none" reads as null in
+# a config, the source default): an item is the stored image / 255
+PLAIN = {
+    "img_size": 8,
+    "in_chans": 1,
+    "mean": 0.0,
+    "std": 1.0,
+    "train_augment": "shift",
+    "shift_pixels": 0,
+    "flip": False,
+}
+BATCH = 479  # 1437 digits training images = 3 steps of 479: one epoch sees every image once
+
+
+def digits_uint8() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    images, labels, test_mask = load_digits_arrays()
+    return np.round(images.astype(np.float64) * 255 / 16).astype(np.uint8), labels, test_mask
+
+
+def key(label: int, pixels: np.ndarray) -> tuple[int, str]:
+    return int(label), hashlib.sha1(np.ascontiguousarray(pixels, dtype=np.uint8).tobytes()).hexdigest()
+
+
+def reference(test: bool) -> Counter:
+    images, labels, mask = digits_uint8()
+    return Counter(key(y, x) for x, y, m in zip(images, labels, mask) if m == test)
+
+
+def as_key(x: torch.Tensor, y: int | torch.Tensor) -> tuple[int, str]:
+    return key(int(y), (x.float() * 255).round().to(torch.uint8).reshape(8, 8).numpy())
+
+
+def items(ds) -> Counter:
+    pairs = ds if isinstance(ds, IterableDataset) else (ds[i] for i in range(len(ds)))
+    return Counter(as_key(x, y) for x, y in pairs)
+
+
+def png(pixels: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(pixels, mode="L").save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def run_doc(tmp_path: Path, data: dict, name: str, steps: int = 3) -> dict:
+    return {
+        "model": {"name": "vit_ti16", "patch_size": 4, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
+        "data": {**PLAIN, **data},
+        "optim": {"name": "adamw", "lr": 1e-3, "batch_size": BATCH},
+        "schedule": {"steps": steps, "warmup_steps": 1},
+        "run": {"out_dir": str(tmp_path / "runs"), "name": name, "progress": False, "plots": False, "threads": 1},
+    }
+
+
+def seen_by_model(tmp_path: Path, data: dict, name: str) -> Counter:
+    """The (label, pixels) pairs the loss receives over one epoch of training on ``data``."""
+    trainer = Trainer(config_from_dict(run_doc(tmp_path, data, name)))
+    seen: Counter = Counter()
+    loss = trainer.objective.loss
+
+    def recording(model, x, y):
+        seen.update(as_key(xi, yi) for xi, yi in zip(x.cpu(), y.cpu()))
+        return loss(model, x, y)
+
+    trainer.objective.loss = recording  # type: ignore[method-assign]
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.close()
+    assert np.isfinite(result.metrics["eval_loss"])
+    return seen
+
+
+@pytest.fixture(scope="module")
+def in_memory_epoch(tmp_path_factory) -> Counter:
+    seen = seen_by_model(tmp_path_factory.mktemp("mem"), {"source": "digits"}, "digits")
+    assert seen == reference(test=False)  # the in-memory run itself: each training digit once
+    return seen
+
+
+def hf_digits() -> datasets.DatasetDict:
+    images, labels, mask = digits_uint8()
+    features = datasets.Features(
+        {"img": datasets.Image(), "digit": datasets.ClassLabel(names=[f"d{k}" for k in range(10)])}
+    )
+
+    def part(test: bool) -> datasets.Dataset:
+        rows = np.flatnonzero(mask == test)
+        doc = {"img": [Image.fromarray(images[i], mode="L") for i in rows], "digit": labels[rows].tolist()}
+        return datasets.Dataset.from_dict(doc, features=features)
+
+    return datasets.DatasetDict({"train": part(False), "test": part(True)})
+
+
+# ------------------------------------------------------------------------------------------------- hf
+def test_hf_save_to_disk_trains_on_the_digits(tmp_path, in_memory_epoch):
+    hf_digits().save_to_disk(str(tmp_path / "hfdigits"))
+    train, held, info = build_datasets(DataConfig(source="hf", root=str(tmp_path / "hfdigits"), **PLAIN))
+    assert info.class_names == [f"d{k}" for k in range(10)]  # the ClassLabel names
+    assert items(held) == reference(test=True)  # the test split is the evaluation split
+    assert seen_by_model(tmp_path, {"source": "hf", "root": str(tmp_path / "hfdigits")}, "hf") == in_memory_epoch
+    assert cli_main(["shard", f"hf:{tmp_path / 'hfdigits'}", str(tmp_path / "shards"), "--shard-size", "1000"]) == 0
+    resharded, _, info = build_datasets(DataConfig(source="wds", root=str(tmp_path / "shards"), **PLAIN))
+    assert info.class_names == [f"d{k}" for k in range(10)] and items(resharded) == reference(test=False)
+
+
+def test_hf_parquet_splits_and_columns(tmp_path, in_memory_epoch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    images, labels, mask = digits_uint8()
+    (tmp_path / "pq").mkdir()
+    for split, test in (("train", False), ("test", True)):
+        rows = np.flatnonzero(mask == test)
+        table = pa.table(
+            {
+                "picture": [{"bytes": png(images[i]), "path": None} for i in rows],
+                "target": pa.array(labels[rows], type=pa.int64()),
+            }
+        )
+        pq.write_table(table, tmp_path / "pq" / f"{split}-00000.parquet")
+    plain_ints = {"source": "hf", "root": str(tmp_path / "pq"), "image_column": "picture", "label_column": "target"}
+    train, held, info = build_datasets(DataConfig(**plain_ints, **PLAIN))
+    assert info.class_names == [str(k) for k in range(10)]
+    assert items(held) == reference(test=True)
+    assert seen_by_model(tmp_path, plain_ints, "parquet") == in_memory_epoch
+    with pytest.raises(UserError, match="image_column='pic'"):
+        build_datasets(DataConfig(**{**plain_ints, "image_column": "pic"}, **PLAIN))
+
+
+def test_hf_held_out_fraction_is_the_folder_rule(tmp_path):
+    """No evaluation split: the held-out rows are those the folder source holds out of the same images."""
+    images, labels, _ = digits_uint8()
+    order = sorted(range(240), key=lambda i: (labels[i], i))  # the folder source's order: by class, then name
+    for i in order:
+        folder = tmp_path / "tree" / str(labels[i])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{i:05d}.png").write_bytes(png(images[i]))
+    cells = {"image": [Image.fromarray(images[i], mode="L") for i in order], "label": [str(labels[i]) for i in order]}
+    datasets.Dataset.from_dict(cells).save_to_disk(str(tmp_path / "one"))
+    _, hf_held, hf_info = build_datasets(DataConfig(source="hf", root=str(tmp_path / "one"), split_seed=3, **PLAIN))
+    _, folder_held, _ = build_datasets(DataConfig(source="folder", root=str(tmp_path / "tree"), split_seed=3, **PLAIN))
+    assert hf_info.class_names == [str(k) for k in range(10)]  # string labels: classes in sorted order
+    assert len(hf_held) == 48 and items(hf_held) == items(folder_held)
+
+
+def test_missing_datasets_package_is_one_line(monkeypatch, tmp_path):
+    real = builtins.__import__
+
+    def no_datasets(name, *args, **kwargs):
+        if name.split(".")[0] == "datasets":
+            raise ImportError(f"No module named {name!r}", name=name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_datasets)
+    monkeypatch.delitem(sys.modules, "datasets")
+    with pytest.raises(MissingDependencyError, match=r"needs the datasets package: pip install 'vitkit\[hf\]'"):
+        build_datasets(DataConfig(source="hf", root=str(tmp_path)))
+
+
+# ------------------------------------------------------------------------------------------------ wds
+def write_tar_shards(folder: Path, split: str, rows: list[tuple[str, bytes, int]], per_shard: int) -> None:
+    """WebDataset shards by hand: KEY.png + KEY.cls members, in order, with Python's tarfile."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for n, first in enumerate(range(0, len(rows), per_shard)):
+        with tarfile.open(folder / f"{split}-{n:04d}.tar", "w") as tar:
+            for name, data, label in rows[first : first + per_shard]:
+                for ext, payload in (("png", data), ("cls", str(label).encode())):
+                    member = tarfile.TarInfo(f"{name}.{ext}")
+                    member.size = len(payload)
+                    tar.addfile(member, io.BytesIO(payload))
+
+
+def digits_rows(test: bool) -> list[tuple[str, bytes, int]]:
+    images, labels, mask = digits_uint8()
+    return [(f"d{i:05d}", png(images[i]), int(labels[i])) for i in np.flatnonzero(mask == test)]
+
+
+def test_wds_hand_written_shards_train_on_the_digits(tmp_path, in_memory_epoch, capsys):
+    write_tar_shards(tmp_path / "s", "train", digits_rows(False), 300)  # 5 shards, the last one short
+    write_tar_shards(tmp_path / "s", "val", digits_rows(True), 200)
+    data = {
+        "source": "wds",
+        "root": str(tmp_path / "s/train-{0000..0004}.tar"),
+        "val_root": str(tmp_path / "s/val-*.tar"),
+    }
+    data["shuffle_buffer"] = 64
+    _, held, info = build_datasets(DataConfig(**data, **PLAIN))
+    assert "counted 1437 samples in 5 shards" in capsys.readouterr().out  # no manifest: one counting pass
+    assert info.class_names == [str(k) for k in range(10)] and len(held) == 360
+    assert items(held) == reference(test=True)
+    assert seen_by_model(tmp_path, data, "wds") == in_memory_epoch
+
+
+def stream(ds, **kw) -> list[tuple[list[int], list[str]]]:
+    """Micro-batches of a stream as (labels, keys of the pixels) lists, for order comparisons."""
+    args = {"batch_size": 60, "accum_steps": 2, "world_size": 1, "rank": 0, "seed": 5, "total_steps": 5, **kw}
+    args.setdefault("start_step", 0)
+    return [(y.tolist(), [as_key(xi, 0)[1] for xi in x]) for x, y in ds.batches(**args)]
+
+
+def test_wds_order_is_independent_of_workers_and_resumes_exactly(tmp_path, capsys):
+    write_tar_shards(tmp_path / "s", "train", digits_rows(False)[:200], 50)
+    write_tar_shards(tmp_path / "s", "val", digits_rows(True)[:20], 50)
+    cfg = DataConfig(
+        source="wds", root=str(tmp_path / "s/train-*.tar"), val_root=str(tmp_path / "s/val-*.tar"), **PLAIN
+    )
+    train, _, _ = build_datasets(cfg)
+    whole = stream(train)  # 5 steps x 2 micro-batches of 30: 3 steps per epoch, so epochs 0 and 1
+    assert len(whole) == 10 and all(len(labels) == 30 for labels, _ in whole)
+    first_epoch = [k for _, keys in whole[:6] for k in keys]
+    assert len(set(first_epoch)) == 180  # 200 // 60 * 60: no sample twice within an epoch
+    assert whole[6:] != whole[:4]  # the next epoch is shuffled anew
+    assert stream(train, num_workers=2) == whole  # two DataLoader workers deal the same micro-batches
+    assert stream(train, start_step=2) == whole[4:]  # a resume continues the stream exactly
+    assert "skipping 120 samples of this rank without decoding them" in capsys.readouterr().out
+
+
+def test_wds_run_stopped_and_resumed_equals_one_straight_through(tmp_path):
+    """A training run on a stream, saved mid-epoch and resumed, ends with the weights of an uninterrupted run."""
+    write_tar_shards(tmp_path / "s", "train", digits_rows(False)[:160], 40)
+    write_tar_shards(tmp_path / "s", "val", digits_rows(True)[:20], 40)
+    data = {"source": "wds", "root": str(tmp_path / "s/train-*.tar"), "val_root": str(tmp_path / "s/val-*.tar")}
+    doc = run_doc(tmp_path, {**data, "shuffle_buffer": 16, "train_augment": "inception_crop", "flip": True}, "x", 6)
+    doc["optim"]["batch_size"] = 32  # 5 steps per epoch: the cut at step 3 is mid-epoch, the run ends in epoch 1
+    reference = Trainer(config_from_dict(doc, ["run.name=ref"]))
+    try:
+        reference.fit()
+        straight = {k: v.clone() for k, v in reference.model.state_dict().items()}
+    finally:
+        reference.close()
+    first = Trainer(config_from_dict(doc, ["run.name=cut"]))
+    batches = first.batches(0)
+    for _ in range(3):
+        first.train_step(batches)
+    first.save()
+    first.close()
+    resumed = Trainer(config_from_dict(doc, ["run.name=cut", "run.resume=true"]))
+    try:
+        resumed.fit()
+        for name, value in resumed.model.state_dict().items():
+            torch.testing.assert_close(value, straight[name], rtol=0, atol=0, msg=name)
+    finally:
+        resumed.close()
+
+
+def test_vitkit_shard_writes_what_it_reads(tmp_path, capsys):
+    assert cli_main(["shard", "digits", str(tmp_path / "out"), "--shard-size", "500"]) == 0
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert [s["count"] for s in doc["splits"]["train"]["shards"]] == [500, 500, 437]
+    assert doc["splits"]["val"]["total"] == 360 and doc["classes"] == [str(k) for k in range(10)]
+    assert "data.in_chans=1" in doc["overrides"]
+    with tarfile.open(tmp_path / "out" / "train-000000.tar") as tar:  # read back without vitkit
+        names = tar.getnames()
+        member = tar.extractfile(next(n for n in names if n.endswith(".png")))
+        assert member is not None
+        pixels = np.asarray(Image.open(io.BytesIO(member.read())))
+    assert len(names) == 1000 and {n.rsplit(".", 1)[1] for n in names} == {"png", "cls"}
+    train, held, _ = build_datasets(DataConfig(source="wds", root=str(tmp_path / "out"), **PLAIN))
+    assert len(train) == 1437 and items(train) == reference(test=False) and items(held) == reference(test=True)
+    assert key(0, pixels)[1] in {h for _, h in reference(test=False)}
+    capsys.readouterr()
+    assert cli_main(["shard", "digits", str(tmp_path / "out")]) == 2
+    assert "already holds manifest.json; choose an empty directory" in capsys.readouterr().err
+
+
+WORKER = """
+import json, sys, torch
+from vitkit.train import Trainer, config_from_dict
+trainer = Trainer(config_from_dict(json.loads(sys.argv[1])))
+trainer.train_ds.record_keys = []
+start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+trainer.fit()
+weights = {k: v.tolist() for k, v in trainer.model.state_dict().items()}
+moved = any(not torch.equal(v, start[k]) for k, v in trainer.model.state_dict().items())
+json.dump({"keys": trainer.train_ds.record_keys, "weights": weights, "moved": moved}, open(sys.argv[2], "w"))
+trainer.close()
+"""
+
+
+def test_two_nodes_see_every_sample_once_and_agree(tmp_path):
+    rows = digits_rows(False)[:240]
+    write_tar_shards(tmp_path / "s", "train", rows, 40)
+    write_tar_shards(tmp_path / "s", "val", digits_rows(True)[:40], 40)
+    data = {"source": "wds", "root": str(tmp_path / "s/train-*.tar"), "val_root": str(tmp_path / "s/val-*.tar")}
+    doc = run_doc(tmp_path, {**data, "shuffle_buffer": 32}, "nodes", steps=4)
+    doc["optim"]["batch_size"] = 60  # 4 steps of 60 = one epoch of the 240 samples; 30 per node per step
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(2):
+        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": "0"}
+        env.update({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        out = tmp_path / f"rank{rank}.json"
+        cmd = [sys.executable, "-c", WORKER, json.dumps(doc), str(out)]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for p in procs:
+        output = p.communicate(timeout=120)[0]
+        assert p.returncode == 0, output
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    keys = [r["keys"] for r in results]
+    assert len(keys[0]) == len(keys[1]) == 120 and not set(keys[0]) & set(keys[1])
+    assert sorted(keys[0] + keys[1]) == sorted(name for name, _, _ in rows)  # every sample exactly once
+    assert results[0]["moved"] and results[0]["weights"] == results[1]["weights"]
+
+
+# ------------------------------------------------------------------------------------------- manifest
+@pytest.mark.parametrize("fmt", ["csv", "json"])
+def test_manifest_files_with_splits(tmp_path, fmt):
+    images, labels, mask = digits_uint8()
+    rows = []
+    for i in range(0, 300):
+        rel = f"img/{i:04d}.png"
+        (tmp_path / "img").mkdir(exist_ok=True)
+        (tmp_path / rel).write_bytes(png(images[i]))
+        rows.append({"path": rel, "label": f"digit{labels[i]}", "split": "val" if mask[i] else "train"})
+    if fmt == "csv":
+        lines = ["path,label,split", *(f"{r['path']},{r['label']},{r['split']}" for r in rows)]
+        (tmp_path / "list.csv").write_text("\n".join(lines) + "\n")
+    else:
+        (tmp_path / "list.json").write_text(json.dumps(rows))
+    train, held, info = build_datasets(DataConfig(source="manifest", root=str(tmp_path / f"list.{fmt}"), **PLAIN))
+    assert info.class_names == [f"digit{k}" for k in range(10)]
+    want = {False: Counter(), True: Counter()}
+    for i in range(300):
+        want[bool(mask[i])][key(labels[i], images[i])] += 1
+    assert items(train) == want[False] and items(held) == want[True]
+    (tmp_path / "bad.csv").write_text("path,label\nimg/none.png,digit1\n")
+    with pytest.raises(UserError, match="image files not found: img/none.png"):
+        build_datasets(DataConfig(source="manifest", root=str(tmp_path / "bad.csv"), **PLAIN))
+
+
+def test_data_prefixes_name_the_sources():
+    from vitkit.train.config import data_section
+
+    assert data_section("hf:ylecun/mnist:default") == {"source": "hf", "root": "ylecun/mnist:default"}
+    assert data_section("wds:/d/train-{0..3}.tar") == {"source": "wds", "root": "/d/train-{0..3}.tar"}
+    assert data_section("manifest:list.csv") == {"source": "manifest", "root": "list.csv"}
+    with pytest.raises(UserError, match="expected hf:WHERE"):
+        data_section("hf:")
