@@ -298,6 +298,8 @@ def describe_plan(cfg: TrainConfig) -> str:
     steps = run_steps(cfg, len(train_set))
     o, s, d = cfg.optim, cfg.schedule, cfg.data
     what = f"fine-tuning {cfg.run.init_from}" if cfg.run.init_from else f"training {cfg.model.name} from scratch"
+    if cfg.run.objective == "mpp":  # no classes are learnt: the model is the ViT without its MPP head
+        what = f"pretraining {cfg.model.name} by masked patch prediction (no labels)"
     extras = [f"layer decay {o.layer_decay:g}"] if o.layer_decay < 1 else []
     extras += [f"mixup {d.mixup_alpha:g}"] if d.mixup_alpha > 0 else []
     extras += [f"cutmix {d.cutmix_alpha:g}"] if d.cutmix_alpha > 0 else []
