@@ -8,25 +8,14 @@ from typing import Any
 
 from ..errors import UserError
 from ..models.registry import MODELS, model_config
-from ..train.config import TrainConfig, load_config, shipped_configs
+from ..train.config import TrainConfig, flat_keys, load_config, shipped_configs
 from .html import Html, Row, esc, join, table, tag
-
-
-def flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested sections -> ``{"optim.lr": 0.001, ...}``."""
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            out.update(flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
 
 
 def default_values(cfg: TrainConfig) -> dict[str, Any]:
     """What each key of cfg would be had nothing set it: vitkit.train.config's defaults, and for the model's
     fields the registry row's values (what ``model.name`` alone builds)."""
-    values = flat(TrainConfig().to_dict())
+    values = flat_keys(TrainConfig().to_dict())
     name = cfg.model.name
     if name is not None and name in MODELS:
         row = model_config(name)
@@ -69,10 +58,10 @@ def config_diff(cfg: TrainConfig) -> ConfigDiff:
     shipped_name, shipped = shipped_for(cfg), {}
     if shipped_name is not None:
         try:
-            shipped = flat(load_config(shipped_name).to_dict())
+            shipped = flat_keys(load_config(shipped_name).to_dict())
         except UserError:  # a recipe with keys the user must give (a data root): no values to compare with
             shipped_name = None
-    return ConfigDiff(flat(cfg.to_dict()), default_values(cfg), shipped_name, shipped)
+    return ConfigDiff(flat_keys(cfg.to_dict()), default_values(cfg), shipped_name, shipped)
 
 
 def breakable(key: str) -> Html:

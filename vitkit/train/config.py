@@ -369,6 +369,17 @@ COMMAND_LINE = "command line"  # where an override's value came from, as errors 
 LENGTH_KEYS = ("steps", "epochs")  # schedule: the run's length, one of the two
 
 
+def flat_keys(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested sections -> ``{"optim.lr": 0.001, ...}``, the keys as the command line spells them."""
+    out: dict[str, Any] = {}
+    for key, value in doc.items():
+        if isinstance(value, dict):
+            out.update(flat_keys(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _file_values(doc: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """A document's sections, checked for shape (every section known, each a mapping)."""
     values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}

@@ -53,7 +53,7 @@ from ..models import count_params, create_model
 from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
-from .config import RunConfig, ScheduleConfig, TrainConfig, load_config
+from .config import RunConfig, ScheduleConfig, TrainConfig, flat_keys, load_config
 from .metrics import METRICS_NAME, TENSORBOARD_DIR, MetricsLog, Pace, plot_metrics, topk_correct
 from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
@@ -263,16 +263,6 @@ def choose_run_dir(out_dir: str | Path, name: str, resume: bool | str = False) -
             run_dir = base.parent / f"{name}-{k}"
 
 
-def _flat(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in doc.items():
-        if isinstance(value, dict):
-            out.update(_flat(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def _absolute(value: str) -> str:
     """A path as an absolute one, so that it resolves from anywhere; a pretrained tag stays as it is."""
     path = Path(value)
@@ -295,7 +285,7 @@ def with_absolute_paths(cfg: TrainConfig) -> TrainConfig:
 def config_changes(saved: TrainConfig, current: TrainConfig, allowed: frozenset[str] = RESUMABLE) -> list[str]:
     """``key: saved -> current`` for each setting that differs, apart from those in allowed (default: what a
     resume may change, RESUMABLE) and the run's location; paths compare as absolute ones."""
-    old, new = _flat(with_absolute_paths(saved).to_dict()), _flat(with_absolute_paths(current).to_dict())
+    old, new = flat_keys(with_absolute_paths(saved).to_dict()), flat_keys(with_absolute_paths(current).to_dict())
     keys = sorted((set(old) | set(new)) - allowed - LOCATION)
     return [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in keys if old.get(k) != new.get(k)]
 
