@@ -81,7 +81,9 @@ def test_the_readme_examples_run_in_a_new_shell_after_activating_the_venv():
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 @pytest.mark.parametrize("target", ["install", "install-dev", "train"])
 def test_the_set_up_targets_end_by_saying_how_to_put_vitkit_on_the_path(target):
-    dry = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}  # not under make's
+    argv = ["make", "--no-print-directory", "-n", target]
+    dry = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     last = dry.strip().splitlines()[-1]
     printed = subprocess.run(["bash", "-c", last], capture_output=True, text=True, check=True).stdout
     assert "source .venv/bin/activate" in printed and "PATH" in printed
