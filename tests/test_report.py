@@ -14,6 +14,7 @@ import io
 import json
 import re
 import shutil
+import statistics
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 import vitkit
@@ -323,3 +325,149 @@ def test_screenshots_wide_and_narrow(browser, run_dir, tmp_path, width):
     widths = [int(box.split("x")[0]) for box in root["data-charts"].split()]
     assert len(widths) == 4  # two side by side in a wide window, one to a row in a narrow one
     assert all(min(300, 0.8 * viewport) < w <= viewport for w in widths), widths
+
+
+# ------------------------------------------------------------------------------------------ during training
+def test_training_rewrites_the_page_at_evaluations_and_a_failure_is_a_warning(tmp_path, monkeypatch):
+    import vitkit.report.run as report_run
+
+    written: list[tuple[bool, str]] = []
+    real = report_run.write_run_report
+
+    def spy(run_dir, out=None, device="auto", during=False):
+        path = real(run_dir, out, device, during)
+        written.append((during, path.read_text()))
+        return path
+
+    monkeypatch.setattr(report_run, "REFRESH_SECONDS", 0.0)  # every evaluation is "long enough" after the last
+    monkeypatch.setattr(report_run, "write_run_report", spy)
+    args = [
+        "schedule.steps=6",
+        "schedule.epochs=none",
+        "schedule.warmup_steps=1",
+        "run.log_every=2",
+        "run.eval_every=2",
+    ]
+    args.append("run.threads=1")
+    train(load_config("digits", [*args, f"run.out_dir={tmp_path / 'a'}", "run.progress=false"]))
+    during = [text for is_during, text in written if is_during]
+    assert len(during) == 2  # the evaluations at steps 2 and 4 (the one at 6 is the end's, with the full page)
+    for step, text in zip((2, 4), during):
+        assert f"Written during training (step {step}," in text and 'data-chart="loss"' in text
+        assert 'class="confusion"' not in text and "Fig 6:" not in text  # no model loaded mid-run
+    # mid-run pages go to the spy, the final one is written by the engine's own import of the real function
+    final = next(tmp_path.joinpath("a").iterdir()) / "report.html"
+    assert "Written during training" not in final.read_text() and 'class="confusion"' in final.read_text()
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(report_run, "write_run_report", broken)
+    with pytest.warns(UserWarning, match="not rewritten during training: OSError: disk full"):
+        result = train(load_config("digits", [*args, f"run.out_dir={tmp_path / 'b'}", "run.progress=false"]))
+    assert result.step == 6
+
+
+# -------------------------------------------------------------------------------------------------- sweeps
+SWEEP_METRICS = ["eval_top1", "eval_loss", "train.loss"]
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    """The tiny digits sweep of test_sweep.py cut to 2 learning rates x 2 seeds of 10 steps (seconds)."""
+    from test_sweep import _write_spec
+
+    from vitkit.sweep import run_sweep
+
+    tmp = tmp_path_factory.mktemp("sweep")
+    spec = _write_spec(
+        tmp / "lr.yaml",
+        grid={"optim.lr": [0.001, 0.003]},
+        metrics=SWEEP_METRICS,
+        figure={"x": "optim.lr", "log_x": True},
+        overrides=["run.eval_batch_size=512", "schedule.steps=10", "run.save_every=0"],
+    )
+    out = tmp / "out"
+    result = run_sweep(spec, out, log=lambda line: None)
+    assert not result.failed and out / "report.html" in result.files
+    return out
+
+
+def test_a_sweep_page_tabulates_its_runs_and_links_their_pages(sweep_dir, tmp_path, capsys):
+    # vitkit sweep's own page: its cells trained with run.plots=false, so their pages are marked missing
+    first = (sweep_dir / "report.html").read_text()
+    assert first.count("(page missing)") == 8  # 4 runs, in the table and in the list of runs
+    # vitkit report SWEEP writes the missing run pages, then links them
+    assert cli_main(["report", str(sweep_dir)]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote {sweep_dir / 'report.html'}"
+    page = (sweep_dir / "report.html").read_text()
+    elements = Elements(page)
+    assert {"http-equiv": "Content-Security-Policy", "content": CSP} in elements.all("meta")
+    assert "(page missing)" not in page
+    links = [a["href"] for a in elements.all("a") if not a["href"].startswith("#")]
+    runs = sorted(d for d in sweep_dir.iterdir() if d.is_dir())
+    assert len(runs) == 4 and len(links) == 8
+    for href in links:
+        assert not re.match(r"^\s*[a-z]+:|^/", href, re.I), href  # relative links only
+        target = (sweep_dir / href).resolve()
+        assert target.name == "report.html" and target.is_file() and target.parent in runs
+        assert "vitkit run" in target.read_text()
+    assert {(sweep_dir / h).resolve().parent for h in links} == set(runs)
+    # the table against an independent recomputation from each run's config.yaml and metrics.jsonl
+    groups: dict[float, dict[str, list[float]]] = {}
+    for run in runs:
+        lr = float(yaml.safe_load((run / "config.yaml").read_text())["optim"]["lr"])
+        recs = records(run)
+        last_eval = [r for r in recs if r["kind"] == "eval"][-1]
+        last_train = [r for r in recs if r["kind"] == "train"][-1]
+        found = groups.setdefault(lr, {m: [] for m in SWEEP_METRICS})
+        found["eval_top1"].append(last_eval["eval_top1"])
+        found["eval_loss"].append(last_eval["eval_loss"])
+        found["train.loss"].append(last_train["loss"])
+    body = page.split('class="sweep"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(r'<tr><th scope="row">([^<]+)</th>(.*?)</tr>', body)
+    assert len(rows) == 2
+    for lr_text, cells in rows:
+        shown = dict(re.findall(r'<span data-metric="([^"]+)">([^<]+)</span>', cells))
+        want = groups[float(lr_text)]
+        assert "<td>2</td>" in cells  # n
+        for metric, values in want.items():
+            mean, std = statistics.fmean(values), statistics.stdev(values)
+            assert html.unescape(shown[metric]) == f"{mean:.4g} ± {std:.2g}", metric
+    # the figures the sweep drew, embedded
+    images = elements.all("img")
+    assert len(images) == len(SWEEP_METRICS)
+    for img, metric in zip(images, SWEEP_METRICS):
+        assert img["src"].startswith("data:image/png;base64,") and img["alt"].startswith(metric)
+        png = (sweep_dir / f"{metric.replace('.', '_')}.png").read_bytes()
+        assert base64.b64decode(img["src"].split(",", 1)[1]) == png
+
+
+def test_report_of_a_directory_that_is_neither_a_run_nor_a_sweep(tmp_path, capsys):
+    assert cli_main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a training run directory or a sweep directory" in err
+
+
+@pytest.mark.parametrize("width", [1280, 360])
+def test_sweep_page_draws_in_a_browser_wide_and_narrow(browser, sweep_dir, tmp_path, width):
+    assert cli_main(["report", str(sweep_dir)]) == 0
+    page = framed(sweep_dir / "report.html", width, 1800, tmp_path / "framed.html")
+    window = f"--window-size={max(width, 500)},1800"
+    shot = tmp_path / f"sweep_{width}.png"
+    headless(browser, tmp_path, window, f"--screenshot={shot}", page.as_uri())
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)[:, :width]
+    assert pixels.std() > 10  # text and figures, not a blank window
+    root = Elements(headless(browser, tmp_path, window, "--dump-dom", page.as_uri())).all("html")[0]
+    assert root["data-status"] == "drawn" and root["data-errors"] == "0"
+    viewport, page_width = (int(v) for v in root["data-widths"].split())
+    assert viewport == width and page_width == viewport
+    dom = headless(browser, tmp_path, "--window-size=1280,900", "--dump-dom", (sweep_dir / "report.html").as_uri())
+    drawn = Elements(dom)
+    assert drawn.all("html")[0]["data-status"] == "drawn"
+    images = drawn.all("img")
+    assert len(images) == len(SWEEP_METRICS)
+    for img in images:  # every figure decoded and laid out with a size
+        assert re.fullmatch(r"[1-9]\d*x[1-9]\d*", img["data-natural"]) and re.fullmatch(
+            r"[1-9]\d*x[1-9]\d*", img["data-box"]
+        )

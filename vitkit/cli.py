@@ -637,16 +637,24 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 # ---- report ----
 @arguments("report")
 def add_report(p: argparse.ArgumentParser) -> None:
-    p.add_argument("run", help="a training run directory (what vitkit train writes)")
-    p.add_argument("--out", help="the HTML file to write (default: RUN/report.html)")
+    p.add_argument("run", metavar="PATH", help="a training run directory (vitkit train) or a sweep's (vitkit sweep)")
+    p.add_argument("--out", help="the HTML file to write (default: PATH/report.html)")
     p.add_argument("--device", default="auto", help="where the model is evaluated and inspected (default: auto)")
 
 
-@command("report", "one self-contained HTML page of a run: result, config, curves, evaluation, inspection")
+@command("report", "one self-contained HTML page of a run (result, config, curves, evaluation) or of a sweep")
 def cmd_report(args: argparse.Namespace) -> int:
     from .report import write_run_report
+    from .report.sweep import is_sweep_dir, write_sweep_report
 
-    print(f"wrote {write_run_report(args.run, args.out, args.device)}")
+    path = Path(args.run)
+    if is_sweep_dir(path):  # a sweep's directory: its table, figures and a page per run (written where missing)
+        print(f"wrote {write_sweep_report(path, args.out, device=args.device)}")
+    elif (path / "config.yaml").is_file():
+        print(f"wrote {write_run_report(path, args.out, args.device)}")
+    else:
+        what = "no such directory" if not path.is_dir() else "neither config.yaml nor sweep.json in it"
+        raise UserError(f"{path}: not a training run directory or a sweep directory ({what})")
     return 0
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 import shlex
 import statistics
 import tempfile
+import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,6 +42,8 @@ REPORT_NAME = "report.html"
 WEIGHTS_NAME = "model.safetensors"
 ROLLOUT_IMAGES = 4  # held-out images shown with their attention rollout
 DISTANCE_IMAGES = 128  # held-out images the mean attention distance is averaged over (the paper's count)
+REFRESH_SECONDS = 600.0  # during training the page is rewritten at an evaluation this long after the last one
+_refreshed: dict[str, float] = {}  # run directory -> when its page was last rewritten during training
 
 
 @dataclass
@@ -54,15 +58,34 @@ class LoadedRun:
     info: DatasetInfo
 
 
-def write_run_report(run_dir: str | Path, out: str | Path | None = None, device: str | torch.device = "auto") -> Path:
-    """Write the run's page (default run_dir/report.html); returns its path."""
+def write_run_report(
+    run_dir: str | Path, out: str | Path | None = None, device: str | torch.device = "auto", during: bool = False
+) -> Path:
+    """Write the run's page (default run_dir/report.html); returns its path. ``during``: a page written while the
+    run trains (no evaluation or inspection of a saved model: that is the end's, or ``vitkit report``'s)."""
     path = Path(out) if out is not None else Path(run_dir) / REPORT_NAME
-    atomic_write_text(path, run_report(run_dir, device))
+    atomic_write_text(path, run_report(run_dir, device, during))
     return path
 
 
-def run_report(run_dir: str | Path, device: str | torch.device = "auto") -> str:
-    """The HTML of a run's page."""
+def refresh_run_report(run_dir: str | Path, started: float, device: str | torch.device = "cpu") -> Path | None:
+    """At an evaluation during training: rewrite the page when REFRESH_SECONDS have passed since it was last
+    rewritten (or since ``started``, a time.perf_counter() value); cheap (curves and tables, no model is loaded).
+    A page that cannot be written is a warning: it never stops the training."""
+    key = str(Path(run_dir).resolve())
+    now = time.perf_counter()
+    if now - max(started, _refreshed.get(key, started)) < REFRESH_SECONDS:
+        return None
+    _refreshed[key] = now
+    try:
+        return write_run_report(run_dir, device=device, during=True)
+    except Exception as e:  # noqa: BLE001 -- the page is a view of the run; training goes on without it
+        warnings.warn(f"{run_dir}: {REPORT_NAME} not rewritten during training: {type(e).__name__}: {e}", stacklevel=2)
+        return None
+
+
+def run_report(run_dir: str | Path, device: str | torch.device = "auto", during: bool = False) -> str:
+    """The HTML of a run's page (``during``: see write_run_report)."""
     run = Path(run_dir)
     if not (run / "config.yaml").is_file():
         what = "no such directory" if not run.is_dir() else "no config.yaml in it"
@@ -72,10 +95,19 @@ def run_report(run_dir: str | Path, device: str | torch.device = "auto") -> str:
     cfg = load_config(run / "config.yaml")
     records = MetricsLog(run).records()
     dev = device if isinstance(device, torch.device) else pick_device(device)
-    loaded = _load(run, dev) if (run / WEIGHTS_NAME).is_file() else None
+    loaded = _load(run, dev) if (run / WEIGHTS_NAME).is_file() and not during else None
 
     page = Page(f"vitkit run {run.name}", subtitle=str(run.resolve()))
-    page.add("result", "Result", headline(run, cfg, records, loaded))
+    if during:
+        steps = [int(r["step"]) for r in records if "step" in r]
+        note = (
+            f"Written during training (step {max(steps, default=0)}, {time.strftime('%Y-%m-%d %H:%M:%S')}): curves "
+            f"and evaluations so far. The evaluation and inspection of the model come at the end of the run (or now "
+            f"with vitkit report {shlex.quote(str(run))}, from its last saved model)."
+        )
+        page.add("result", "Result", tag("p", note, cls="note during"), headline(run, cfg, records, None, during))
+    else:
+        page.add("result", "Result", headline(run, cfg, records, loaded))
     page.add("config", "Config", config_section(cfg))
     charts = training_charts(records, cfg.optim.label_smoothing if cfg.run.objective == "classification" else 0.0)
     help_text = "Hover for values; drag across a plot (or Ctrl + wheel, or pinch) to zoom into steps; double-click "
@@ -87,8 +119,9 @@ def run_report(run_dir: str | Path, device: str | torch.device = "auto") -> str:
         tag("div", join(page.chart(c) for c in charts), cls="charts"),
         evaluations_table(records),
     )
-    page.add("evaluation", "Evaluation", evaluation(cfg, loaded, dev))
-    page.add("inspection", "Inspection", inspection(loaded))
+    later = tag("p", "Drawn at the end of the run (this page was written during training).", cls="note")
+    page.add("evaluation", "Evaluation", later if during else evaluation(cfg, loaded, dev))
+    page.add("inspection", "Inspection", later if during else inspection(loaded))
     if (run / "fewshot.json").is_file():
         page.add("fewshot", "Few-shot", fewshot_section(run / "fewshot.json"))
     env = definitions(environment(dev))
@@ -119,7 +152,9 @@ def _card(value: str, label: str) -> Html:
     return tag("div", join([tag("span", value, cls="value"), tag("span", label, cls="label")]), cls="card")
 
 
-def headline(run: Path, cfg: TrainConfig, records: list[dict[str, Any]], loaded: LoadedRun | None) -> Html:
+def headline(
+    run: Path, cfg: TrainConfig, records: list[dict[str, Any]], loaded: LoadedRun | None, during: bool = False
+) -> Html:
     evals = [r for r in records if r.get("kind") == "eval"]
     train = [r for r in records if r.get("kind") == "train"]
     final: dict[str, Any] = evals[-1] if evals else (loaded.metadata.get("metrics", {}) if loaded else {})
@@ -152,9 +187,13 @@ def headline(run: Path, cfg: TrainConfig, records: list[dict[str, Any]], loaded:
         facts.append(("model", f"{cfg.model.name or 'from run.init_from'}: " + _describe(model)))
         sizes = f"{len(loaded.train_set):,} train / {len(loaded.eval_set):,} held-out images"  # type: ignore[arg-type]
         facts.append(("data", f"{loaded.info.source}, {loaded.info.num_classes} classes, {sizes}"))
+    elif during:
+        facts.append(("model", f"{cfg.model.name or 'from run.init_from'} (training)"))
     else:
         facts.append(("model", f"no {WEIGHTS_NAME} in the run yet: nothing to evaluate or inspect"))
-    if total and step < int(total):
+    if during:
+        facts.append(("status", f"training: step {step}" + (f" of {int(total)}" if total else "")))
+    elif total and step < int(total):
         facts.append(("status", f"stopped at step {step} of {int(total)}: see Resume or rerun below"))
     elif evals:
         facts.append(("status", f"finished: {step} steps, final evaluation at step {evals[-1].get('step')}"))

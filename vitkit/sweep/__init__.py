@@ -4,8 +4,9 @@
 
 ``run_sweep`` expands a spec (spec.py), brings every cell to its end -- skipping finished cells, resuming or
 restarting unfinished ones (run.py) -- and writes the table and the figures from the runs' own metrics
-(aggregate.py); ``aggregate_only=True`` does the last part alone, for runs that exist. The shipped specs (one per
-experiment of the paper, each with a ``quick`` variant of seconds) are in vitkit/sweeps/.
+(aggregate.py), then the sweep's page, report.html (vitkit.report.sweep); ``aggregate_only=True`` does the last
+part alone, for runs that exist. The shipped specs (one per experiment of the paper, each with a ``quick``
+variant of seconds) are in vitkit/sweeps/.
 """
 
 from __future__ import annotations
@@ -61,6 +62,9 @@ def run_sweep(
         done = run_cells(spec, cells, out, jobs, log)
     rows, records = aggregate(spec, cells, out)
     files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
+    from ..report.sweep import write_sweep_report  # report/ sits above sweep/: imported where it is used
+
+    files.append(write_sweep_report(out, write_missing=False))  # report.html: the sweep on one page
     return SweepResult(out, rows, files, done.actions, done.failed)
 
 

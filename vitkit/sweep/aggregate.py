@@ -179,3 +179,32 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+@dataclass
+class Table:
+    """A sweep's table as write_table wrote it to sweep.json: the spec, its axes and metrics, the rows of
+    ``aggregate`` and one record per finished cell."""
+
+    spec: str
+    axes: list[str]
+    metrics: list[str]
+    rows: list[Row]
+    runs: list[dict[str, Any]]
+
+
+def read_table(out: Path) -> Table:
+    """OUT/sweep.json back as the rows ``aggregate`` made (a UserError naming the file when it is not one)."""
+    path = out / f"{TABLE_NAME}.json"
+    try:
+        doc = json.loads(path.read_text())
+        axes, metrics = list(doc["axes"]), list(doc["metrics"])
+        rows = [
+            Row({k: r[k] for k in axes if k in r}, int(r["n"]), dict(r["mean"]), dict(r["std"]), list(r["seeds"]))
+            for r in doc["rows"]
+        ]
+        return Table(str(doc.get("spec", "")), axes, metrics, rows, list(doc["runs"]))
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file (run vitkit sweep, or give the sweep's --out)") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise UserError(f"{path}: not a sweep table written by vitkit sweep ({type(e).__name__}: {e})") from None

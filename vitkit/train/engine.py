@@ -751,6 +751,10 @@ class Trainer:
                 self.evaluate()
                 if progress is not None:
                     progress.set_description(_headline(self.last_eval))
+                if self.dist.is_main and run.plots:  # report.html again, at most every REFRESH_SECONDS
+                    from ..report.run import refresh_run_report
+
+                    refresh_run_report(self.run_dir, self.t_start, self.device)
             if run.save_every > 0 and self.step % run.save_every == 0 and self.step < self.total_steps:
                 self.save()
             if self._stop_requested():
