@@ -511,3 +511,10 @@ def test_training_configs_are_frozen_values():
     assert bench.compare == ("hf",)  # a list given is kept as the declared tuple
     with pytest.raises(dataclasses.FrozenInstanceError):
         bench.batch_size = 4  # type: ignore[misc]
+
+
+def test_train_augment_none_is_no_augmentation_not_the_sources_default():
+    """data.train_augment=none means no augmentation (one of its choices); null leaves the source's default."""
+    assert load_config("digits", ["data.train_augment=none"]).data.resolve().train_augment == "none"
+    assert load_config("digits", ["data.train_augment=null"]).data.resolve().train_augment == "shift"
+    assert load_config("digits", ["data.root=none"]).data.root is None  # elsewhere none is still null

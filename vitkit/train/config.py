@@ -36,6 +36,7 @@ import yaml
 
 from ..data import DataConfig
 from ..data.config import SOURCES, source_section
+from ..data.transforms import AUGMENTS
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..models import ResNetConfig, ViTConfig
 from ..models.registry import MODELS, config_class, model_config, unknown_model
@@ -247,11 +248,17 @@ def _unknown(key: str, known: list[str]) -> ConfigError:
     return ConfigError(f"unknown config key {key!r}{hint}")
 
 
+# Keys whose own vocabulary has the word "none" (no augmentation): there it is that value, never null
+# (null still leaves the choice to the source's default).
+NONE_IS_A_CHOICE = {"data.train_augment": AUGMENTS}
+
+
 def _coerce(value: Any, tp: Any, key: str) -> Any:
     """Check/convert value (from YAML, or a raw CLI string) to the annotated type tp."""
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
-        if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in ("none", "null"))):
+        nulls = ("null",) if "none" in NONE_IS_A_CHOICE.get(key, ()) else ("none", "null")
+        if type(None) in args and (value is None or (isinstance(value, str) and value.lower() in nulls)):
             return None
         errors = []
         for arg in (a for a in args if a is not type(None)):
