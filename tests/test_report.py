@@ -471,3 +471,10 @@ def test_sweep_page_draws_in_a_browser_wide_and_narrow(browser, sweep_dir, tmp_p
         assert re.fullmatch(r"[1-9]\d*x[1-9]\d*", img["data-natural"]) and re.fullmatch(
             r"[1-9]\d*x[1-9]\d*", img["data-box"]
         )
+
+
+def test_a_one_value_per_channel_list_is_not_a_change_from_its_scalar_default():
+    from vitkit.report.configs import ConfigDiff
+
+    diff = ConfigDiff({"data.mean": [0.5], "data.std": [0.25]}, {"data.mean": 0.5, "data.std": 0.5}, None, {})
+    assert diff.changed() == ["data.std"]

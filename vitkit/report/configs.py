@@ -44,11 +44,12 @@ class ConfigDiff:
     shipped_name: str | None
     shipped: dict[str, Any]
 
+    # compared as the page shows them: a mean of [0.5] (one value for every channel) is the default 0.5
     def differs_from_default(self, key: str) -> bool:
-        return self.values.get(key) != self.defaults.get(key)
+        return show_value(self.values.get(key)) != show_value(self.defaults.get(key))
 
     def differs_from_shipped(self, key: str) -> bool:
-        return self.shipped_name is not None and self.values.get(key) != self.shipped.get(key)
+        return self.shipped_name is not None and show_value(self.values.get(key)) != show_value(self.shipped.get(key))
 
     def changed(self) -> list[str]:
         return [k for k in self.values if self.differs_from_default(k) or self.differs_from_shipped(k)]
