@@ -65,7 +65,7 @@ def test_version_is_the_distributions_and_the_packages(capsys, monkeypatch):
 
 
 def test_the_readme_examples_run_in_a_new_shell_after_activating_the_venv():
-    """What the README tells a newcomer after `make train`, in a new shell that inherits nothing of the one that ran make."""
+    """What the README tells a newcomer after `make train`, in a new shell that inherits nothing from make."""
     if not (ROOT / ".venv" / "bin" / "activate").is_file():
         pytest.skip("no .venv here (made by `make train` / `make test`)")
     fresh = {"HOME": os.environ.get("HOME", "/tmp"), "PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1"}
