@@ -470,7 +470,6 @@ def _split_spec(spec: list[str]) -> tuple[str | None, list[str]]:
 def _run_training(cfg: TrainConfig, command: str) -> int:
     from .train import NonFiniteLossError, TrainingInterrupted, train
 
-    _print_plan(cfg)
     try:
         result = train(cfg)
     except NonFiniteLossError as e:
@@ -507,14 +506,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         overrides = [*_as_overrides("data", data_section(args.data)), *overrides]
     cfg = load_config(config, overrides)
     return _run_training(cfg, "train")
-
-
-def _print_plan(cfg: TrainConfig) -> None:
-    """The resolved plan before training: source, data, optimizer, length; on a CPU its duration by FLOPs."""
-    from .train.recipe import describe_plan
-
-    if os.environ.get("RANK", "0") == "0":
-        print(describe_plan(cfg), flush=True)
 
 
 def _as_overrides(section: str, values: dict[str, Any]) -> list[str]:

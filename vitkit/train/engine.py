@@ -57,7 +57,7 @@ from .config import RunConfig, ScheduleConfig, TrainConfig, flat_keys, load_conf
 from .metrics import METRICS_NAME, TENSORBOARD_DIR, MetricsLog, Pace, plot_metrics, topk_correct
 from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
-from .recipe import channels_mismatch, default_steps, init_from_checkpoint, read_source
+from .recipe import channels_mismatch, default_steps, init_from_checkpoint, plan_text, read_source
 from .sampling import SeededBatches, SeededItems, StepPlan, mix_seed
 from .state import STATE_NAME, load_train_state, read_train_state, save_train_state
 
@@ -364,6 +364,7 @@ class Trainer:
         self.init_report = None
         if source is not None and self.resume_dir is None:
             self.init_report = init_from_checkpoint(self.model, source, self.info.num_classes)
+        self.network = self.model  # the model as built (what the plan describes), before any objective wraps it
         self.model = self.objective.wrap(self.model)  # mpp: the ViT inside an MPPModel
         self.model.to(self.device)
         # fused kernels exist on CUDA and CPU; on CPU they are ~5x faster than the per-tensor (foreach) path
@@ -781,7 +782,10 @@ class Trainer:
             if self.resume_dir is not None:
                 others = f" (also resumable: {', '.join(map(str, self.other_runs))}; name one with run.resume=DIR)"
                 print(f"resuming {self.run_dir} at step {self.step}" + (others if self.other_runs else ""))
-            sizes = f"{_size(self.train_ds)} train / {_size(self.eval_ds)} eval images"
+            num_train, num_eval = _size(self.train_ds), _size(self.eval_ds)
+            # the plan, from the data and model this run built (nothing is read a second time for it)
+            print(plan_text(self.cfg, self.network, self.info, num_train, num_eval, self.total_steps), flush=True)
+            sizes = f"{num_train} train / {num_eval} eval images"
             print(
                 f"{self.run_dir}: {count_params(self.model):,} params, {self.total_steps} steps of "
                 f"{self.cfg.optim.batch_size} images, {sizes}"

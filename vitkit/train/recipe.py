@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 
 from ..checkpoint.loader import Checkpoint
-from ..data import build_datasets
+from ..data import DatasetInfo, build_datasets
 from ..errors import UserError
 from ..hub import load_pretrained
 from ..hub import read_checkpoint as read_source  # a path or a pretrained tag (downloaded once)
@@ -282,20 +282,23 @@ def describe_plan(cfg: TrainConfig) -> str:
     plainly). The duration measured on the first steps follows once training runs (vitkit.train.metrics.Pace)."""
     import torch
 
-    from ..bench.flops import model_flops
-    from ..models import count_params
     from .engine import build_model
 
     train_set, eval_set, info = build_datasets(cfg.data)
     assert isinstance(train_set, Sized) and isinstance(eval_set, Sized)
-    source = None
-    if cfg.run.init_from:  # a resumed run's own weights stand in for a source that may be gone
-        resumed = Path(cfg.run.resume) if isinstance(cfg.run.resume, str) else None
-        own = resumed if resumed is not None and (resumed / "model.safetensors").is_file() else None
-        source = read_source(own or cfg.run.init_from)
+    source = read_source(cfg.run.init_from) if cfg.run.init_from else None
     with torch.device("meta"):  # shapes only: no memory, no init time
         model = build_model(cfg, info, source)
-    steps = run_steps(cfg, len(train_set))
+    return plan_text(cfg, model, info, len(train_set), len(eval_set), run_steps(cfg, len(train_set)))
+
+
+def plan_text(cfg: TrainConfig, model: nn.Module, info: DatasetInfo, num_train: int, num_eval: int, steps: int) -> str:
+    """describe_plan's text for a run whose model and data are built already (the Trainer's, at its start)."""
+    import torch
+
+    from ..bench.flops import model_flops
+    from ..models import count_params
+
     o, s, d = cfg.optim, cfg.schedule, cfg.data
     what = f"fine-tuning {cfg.run.init_from}" if cfg.run.init_from else f"training {cfg.model.name} from scratch"
     if cfg.run.objective == "mpp":  # no classes are learnt: the model is the ViT without its MPP head
@@ -305,7 +308,7 @@ def describe_plan(cfg: TrainConfig) -> str:
     extras += [f"cutmix {d.cutmix_alpha:g}"] if d.cutmix_alpha > 0 else []
     lines = [
         f"{what} ({count_params(model):,} params) on {d.source}{f' ({d.root})' if d.root else ''}: "
-        f"{info.num_classes} classes, {len(train_set):,} train / {len(eval_set):,} eval images at {info.img_size} px",
+        f"{info.num_classes} classes, {num_train:,} train / {num_eval:,} eval images at {info.img_size} px",
         f"  {o.name} lr {o.lr:g}, weight decay {o.weight_decay:g}{''.join(', ' + e for e in extras)}; batch "
         f"{o.batch_size}{f' ({o.accum_steps} micro-batches)' if o.accum_steps > 1 else ''}; {steps:,} steps "
         f"(warmup {s.warmup_steps}, {s.decay}); evaluated "
