@@ -128,3 +128,17 @@ def test_a_small_vit_fits_shape_images_through_the_engine(tmp_path):
     with torch.no_grad():
         train_acc = (model(x).argmax(-1) == ds.labels).float().mean().item()
     assert train_acc > 0.8  # chance is 0.1
+
+
+def test_a_cached_image_is_the_image_drawn_and_a_large_set_is_not_cached(monkeypatch):
+    from vitkit.data.procedural import ProceduralShapes
+
+    ds = ProceduralShapes(50, seed=2, img_size=16, mean=(0.0,) * 3, std=(1.0,) * 3)
+    first = [ds[i] for i in (3, 7, 3)]
+    assert ds._cache is not None and sorted(ds._cache) == [3, 7]
+    pixels, label = render_shape_image(2, TRAIN_STREAM, 3, 16)
+    expected = torch.from_numpy(pixels).permute(2, 0, 1).float() / 255
+    assert torch.equal(first[0][0], expected) and torch.equal(first[2][0], expected) and first[0][1] == label == 3
+    monkeypatch.setattr(ProceduralShapes, "CACHE_BYTES", 50 * 16 * 16 * 3 - 1)
+    big = ProceduralShapes(50, seed=2, img_size=16, mean=(0.0,) * 3, std=(1.0,) * 3)
+    assert big._cache is None and torch.equal(big[3][0], expected)

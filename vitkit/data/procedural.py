@@ -8,11 +8,12 @@ two never share a generator and a larger training set never eats into evaluation
 
 Every image (RGB, ``data.img_size`` pixels, 32 by default; geometry scales with the size) holds:
 
-- a cluttered background, one of: colour noise, stripes (random angle, period, two colours), a colour gradient
-  plus noise, or a checkerboard of random cell size;
-- 1-3 distractor strokes: thin line segments of random colours, lengths and angles;
-- the object: a disc, square, triangle, cross or ring, at a random position, rotation and size (radius 15-26% of
-  the image), solid or striped, in a random colour;
+- a cluttered background, one of: colour noise, stripes (random angle, period), a colour gradient plus noise, or
+  a checkerboard of random cell size, each a low-contrast texture within 0.3 of a random base colour;
+- 0-2 distractor strokes: thin line segments of random colours, lengths and angles;
+- the object: a disc, square, triangle, cross or ring, at a random position, rotation and size (radius 18-28% of
+  the image), solid or striped, in a random colour 0.3 to 0.7 away from the base in every channel (around the
+  colour circle), so that it stands out of the texture by its colour, whatever the colour is;
 - the marker: a small disc in the object's own colour, placed above or below the object (anywhere within a
   120-degree cone), a few pixels clear of it.
 
@@ -21,7 +22,7 @@ class has the same count in any prefix of 10k images. Recognising the shape is l
 inside a patch or two); the marker bit is a relation between two objects several patches apart, so a model needs
 both. Colours, textures and clutter vary from image to image, so more images keep helping.
 
-``ProceduralShapes`` is the dataset (``__getitem__`` draws one image: ~0.2 ms in numpy at 32 px, one core);
+``ProceduralShapes`` is the dataset (``__getitem__`` draws one image: well under a millisecond in numpy, one core);
 ``render_shape_image`` draws one as a uint8 array; ``sample_grid(path)`` writes a PNG of examples per class.
 """
 
@@ -60,26 +61,28 @@ def _colour(rng: np.random.Generator) -> np.ndarray:
     return rng.random(3, dtype=np.float32)
 
 
-def _background(rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) -> np.ndarray:
-    """(S, S, 3) float32 in [0, 1]: noise, stripes, gradient + noise, or checkerboard."""
+def _background(rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """((S, S, 3) float32 in [0, 1], its base colour): noise, stripes, gradient + noise, or checkerboard, each a
+    low-contrast texture (within 0.3 of a base colour) so that the object, drawn far from that colour, stands out."""
     size = yy.shape[0]
     kind = int(rng.integers(_BACKGROUNDS))
-    a, b = _colour(rng), _colour(rng)
+    base = _colour(rng) * 0.7
+    a, b = base, base + 0.3 * _colour(rng)
     if kind == 0:
-        return (0.5 * a + 0.5 * rng.random((size, size, 3), dtype=np.float32)).astype(np.float32)
+        return (a + 0.3 * rng.random((size, size, 3), dtype=np.float32)).astype(np.float32), base
     if kind == 1:
         angle, period = rng.random() * math.pi, size * (0.12 + 0.25 * rng.random())
         phase = (xx * math.cos(angle) + yy * math.sin(angle)) / period
         t = (np.floor(phase * 2) % 2)[..., None]  # (S, S, 1) in {0, 1}
-        return (a * t + b * (1 - t)).astype(np.float32)
+        return (a * t + b * (1 - t)).astype(np.float32), base
     if kind == 2:
         angle = rng.random() * 2 * math.pi
         t = ((xx * math.cos(angle) + yy * math.sin(angle)) / (size * 1.42) + 0.5)[..., None]
-        noise = 0.25 * rng.standard_normal((size, size, 3), dtype=np.float32)
-        return np.clip(a * t + b * (1 - t) + noise, 0, 1).astype(np.float32)
+        noise = 0.1 * rng.standard_normal((size, size, 3), dtype=np.float32)
+        return np.clip(a * t + b * (1 - t) + noise, 0, 1).astype(np.float32), base
     cell = int(rng.integers(max(2, size // 16), max(3, size // 5) + 1))
     t = (((yy // cell) + (xx // cell)) % 2)[..., None]
-    return (a * t + b * (1 - t)).astype(np.float32)
+    return (a * t + b * (1 - t)).astype(np.float32), base
 
 
 def _segment_mask(yy: np.ndarray, xx: np.ndarray, p: np.ndarray, q: np.ndarray, width: float) -> np.ndarray:
@@ -115,16 +118,16 @@ def render_shape_image(seed: int, stream: int, index: int, size: int = 32) -> tu
     label = index % len(CLASS_NAMES)
     shape, below = divmod(label, len(RELATIONS))
     yy, xx = _pixel_centres(size)  # (S, S) each
-    img = _background(rng, yy, xx)
+    img, base = _background(rng, yy, xx)
 
-    for _ in range(int(rng.integers(1, 4))):  # distractor strokes
+    for _ in range(int(rng.integers(0, 3))):  # distractor strokes
         p = rng.random(2) * size
         angle, length = rng.random() * 2 * math.pi, size * (0.2 + 0.4 * rng.random())
         q = p + length * np.array([math.sin(angle), math.cos(angle)])
         img[_segment_mask(yy, xx, p, q, max(0.5, size / 48))] = _colour(rng)
 
-    radius = size * (0.15 + 0.11 * rng.random())
-    marker_r = max(1.2, size * 0.06)
+    radius = size * (0.18 + 0.1 * rng.random())
+    marker_r = max(1.5, size * 0.08)
     gap = marker_r + size * (0.06 + 0.1 * rng.random())  # from the object's edge to the marker's centre
     reach = radius + gap + marker_r  # the object and its marker fit inside the image
     cx = rng.uniform(radius + 1, size - radius - 1)
@@ -133,7 +136,7 @@ def render_shape_image(seed: int, stream: int, index: int, size: int = 32) -> tu
     theta = rng.random() * 2 * math.pi
     c, s = math.cos(theta), math.sin(theta)
     u, v = ((xx - cx) * c + (yy - cy) * s) / radius, (-(xx - cx) * s + (yy - cy) * c) / radius
-    colour = _colour(rng)
+    colour = (base + 0.3 + 0.4 * _colour(rng)) % 1.0  # each channel 0.3 or more from the base, on the colour circle
     mask = shape_mask(shape, u, v)
     if rng.random() < 0.5:  # striped fill: the colour and a darker shade of it
         stripes = np.floor((u[mask] + v[mask]) * (1.5 + 2 * rng.random())) % 2  # (M,)
@@ -153,8 +156,12 @@ def render_shape_image(seed: int, stream: int, index: int, size: int = 32) -> tu
 class ProceduralShapes(Dataset):
     """``num_images`` shape images of split ``stream``, drawn in ``__getitem__``: (float (C, S, S), label).
 
-    Pixels are normalised by ``(x - mean) / std`` per channel; ``in_chans=1`` averages the colours to grey.
+    Pixels are normalised by ``(x - mean) / std`` per channel; ``in_chans=1`` averages the colours to grey. A set
+    of at most ``CACHE_BYTES`` of pixels keeps each image once drawn (per process, per DataLoader worker): a small
+    subset trained for many epochs draws each image once, not once an epoch. A large one is drawn every time.
     """
+
+    CACHE_BYTES = 512 * 2**20
 
     def __init__(
         self,
@@ -177,6 +184,8 @@ class ProceduralShapes(Dataset):
         self.std = torch.tensor(list(std), dtype=torch.float32).view(-1, 1, 1)
         self.class_names = list(CLASS_NAMES)
         self.num_skipped = 0
+        fits = num_images * img_size * img_size * 3 <= self.CACHE_BYTES
+        self._cache: dict[int, np.ndarray] | None = {} if fits else None
 
     def __len__(self) -> int:
         return self.num_images
@@ -189,7 +198,12 @@ class ProceduralShapes(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not 0 <= index < self.num_images:
             raise IndexError(f"index {index} out of range for {self.num_images} images")
-        pixels, label = render_shape_image(self.seed, self.stream, int(index), self.img_size)
+        index, label = int(index), int(index) % len(CLASS_NAMES)
+        pixels = self._cache.get(index) if self._cache is not None else None
+        if pixels is None:
+            pixels = render_shape_image(self.seed, self.stream, index, self.img_size)[0]
+            if self._cache is not None:
+                self._cache[index] = pixels
         x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
         if self.in_chans == 1:
             x = x.mean(0, keepdim=True)

@@ -78,7 +78,7 @@ def sweep_report(
 def _run_dirs(sweep: Path, run: dict[str, Any]) -> list[Path]:
     first = sweep / str(run["run"])
     second = sweep / f"{first.name}--{FINETUNE}"
-    return [first, second] if second.is_dir() else [first]
+    return [d for d in (first, second) if d.is_dir()]  # a cell that does not pretrain has the second alone
 
 
 def _run_pages(sweep: Path, t: Table, write_missing: bool, device: str | torch.device) -> dict[Path, str | None]:
@@ -159,7 +159,7 @@ def runs_section(t: Table, sweep: Path, base: Path, reports: dict[Path, str | No
     for run in t.runs:
         dirs = _run_dirs(sweep, run)
         values = [value_text(run.get(k)) for k in t.axes]
-        metrics = [fmt(float(run[m])) if m in run else "–" for m in t.metrics]
+        metrics = [fmt(float(run[m])) if run.get(m) is not None else "–" for m in t.metrics]
         rows.append(Row([_run_links(dirs, base, reports), str(run.get("seed")), *values, *metrics]))
     listed = {d for run in t.runs for d in _run_dirs(sweep, run)}
     others = sorted(d.name for d in sweep.iterdir() if d.is_dir() and d not in listed and (d / "config.yaml").is_file())

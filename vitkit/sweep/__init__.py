@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from .aggregate import Row, aggregate, write_figures, write_table
+from .probes import write_attention_figures
 from .run import SweepRun, run_cells
 from .spec import Cell, SweepSpec, load_spec, shipped_sweeps
 
@@ -62,6 +63,11 @@ def run_sweep(
         done = run_cells(spec, cells, out, jobs, log)
     rows, records = aggregate(spec, cells, out)
     files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
+    if spec.probes.attention_images:
+        groups: dict[str, list[Path]] = {}
+        for cell in cells:
+            groups.setdefault(cell.name.rsplit("_seed-", 1)[0], []).append(out / cell.name)
+        files += write_attention_figures(spec.name, list(groups.items()), out)
     from ..report.sweep import write_sweep_report  # report/ sits above sweep/: imported where it is used
 
     files.append(write_sweep_report(out, write_missing=False))  # report.html: the sweep on one page

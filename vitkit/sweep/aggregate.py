@@ -1,7 +1,8 @@
 """A sweep's results, read from the runs' own files: one table (CSV, JSON, markdown) and one figure per metric.
 
 Each cell's metric is read from its run directory's metrics.jsonl: ``NAME`` from the last eval record (the final
-evaluation), ``train.NAME`` from the last train record, ``finetune.NAME`` from the finetune run's. The cells that
+evaluation), ``train.NAME`` from the last train record, ``finetune.NAME`` from the finetune run's; ``fewshot.*``
+and ``attention.*`` from the probes' files (probes.py). The cells that
 differ only in their seed form a row: the mean, the sample standard deviation (n - 1; none for one seed) and n,
 the number of seeds that have finished. Nothing here trains, so a sweep can be re-aggregated at any time.
 """
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
 from ..train.metrics import METRICS_NAME
+from .probes import is_probe_metric, probe_metric
 from .run import run_status
 from .spec import FINETUNE, Cell, SweepSpec, value_text
 
@@ -37,10 +39,19 @@ def read_records(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float] | None:
-    """The cell's metrics from its finished runs; None while any of its runs is unfinished."""
-    values: dict[str, float] = {}
+def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float | None] | None:
+    """The cell's metrics from its finished runs; None while any of its runs is unfinished. A probe metric the
+    cell's model has none of (the attention of a ResNet) is None."""
+    values: dict[str, float | None] = {}
     for metric in metrics:
+        if not cell.pretrains and not metric.startswith(f"{FINETUNE}."):
+            values[metric] = None  # a cell without a first run has none of its metrics
+            continue
+        if is_probe_metric(metric):
+            if run_status(out / cell.name) != "finished":
+                return None
+            values[metric] = probe_metric(out / cell.name, metric)
+            continue
         stage, _, name = metric.partition(".") if metric.startswith(f"{FINETUNE}.") else ("", "", metric)
         run_dir = out / (f"{cell.name}--{FINETUNE}" if stage else cell.name)
         if run_status(run_dir) != "finished":
@@ -67,7 +78,7 @@ class Row:
 
 def aggregate(spec: SweepSpec, cells: list[Cell], out: Path) -> tuple[list[Row], list[dict[str, Any]]]:
     """(one row per group of seeds, one record per finished cell), in the spec's order."""
-    groups: dict[tuple[tuple[str, Any], ...], list[tuple[Cell, dict[str, float]]]] = {}
+    groups: dict[tuple[tuple[str, Any], ...], list[tuple[Cell, dict[str, float | None]]]] = {}
     records = []
     for cell in cells:
         found = cell_metrics(out, cell, spec.metrics)
@@ -80,7 +91,7 @@ def aggregate(spec: SweepSpec, cells: list[Cell], out: Path) -> tuple[list[Row],
         mean: dict[str, float | None] = {}
         std: dict[str, float | None] = {}
         for metric in spec.metrics:
-            xs = [found[metric] for _, found in members]
+            xs = [x for _, found in members if (x := found[metric]) is not None]
             mean[metric] = statistics.fmean(xs) if xs else None
             std[metric] = statistics.stdev(xs) if len(xs) > 1 else None
         rows.append(Row(dict(group), len(members), mean, std, [c.seed for c, _ in members]))

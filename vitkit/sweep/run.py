@@ -9,9 +9,12 @@ What a rerun does with a cell's run directory (so a killed sweep, run again, pic
   its lock, so a live run is never touched) and the cell starts again;
 - absent: started.
 
-A cell with a finetune stage is finished when both runs are; the second starts from the first's weights
-(run.init_from=OUT/<cell name>) in OUT/<cell name>--finetune. ``--jobs N`` runs N cells at once in spawned
-processes, each with run.threads = min(its config's, cores // N) so the cores are not oversubscribed.
+A cell with probes (probes.py) runs them on its first run's model once that has finished, and is finished when
+their files are written. A cell with a finetune stage is finished when both runs are; the second starts from the
+first's weights (run.init_from=OUT/<cell name>) in OUT/<cell name>--finetune, or from scratch with the first
+stage's model settings for a cell with ``pretrain: false``, which has no first run. ``--jobs N`` runs N cells at
+once in spawned processes, each with run.threads = min(its config's, cores // N) so the cores are not
+oversubscribed.
 """
 
 from __future__ import annotations
@@ -27,11 +30,14 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..errors import UserError
 from ..io import DirectoryLock
 from ..train import NonFiniteLossError, train
 from ..train.config import TrainConfig, config_from_dict, load_config
 from ..train.state import STATE_NAME
+from .probes import Probes, run_probes
 from .spec import FINETUNE, Cell, SweepSpec
 
 # what stops one cell and lets the others go on: a setting that does not work (a config error, a diverged run);
@@ -62,16 +68,28 @@ def default_threads(jobs: int) -> int:
 
 @dataclass(frozen=True)
 class CellPlan:
-    """What a cell runs: its first run's config, and the finetune stage's (config, overrides) if any, resolved only
-    once the first run has finished (its recipe reads the first run's checkpoint)."""
+    """What a cell runs: its first run's config (None for a cell that does not pretrain), and the finetune stage's
+    (config, overrides) if any, resolved only once the first run has finished (its recipe reads the first run's
+    checkpoint)."""
 
-    first: TrainConfig
+    first: TrainConfig | None
     finetune: tuple[str | dict[str, Any], list[str]] | None
     threads: int
+    out: Path
+    name: str
+    probes: Probes = Probes()
 
     def run_dirs(self) -> list[Path]:
-        first = Path(self.first.run.out_dir) / str(self.first.run.name)
-        return [first, first.parent / f"{first.name}--{FINETUNE}"] if self.finetune else [first]
+        first = self.out / self.name
+        return ([first] if self.first is not None else []) + ([_finetune_dir(first)] if self.finetune else [])
+
+    def finished(self) -> bool:
+        done = all(run_status(d) == "finished" for d in self.run_dirs())
+        return done and (self.first is None or self.probes.done(self.out / self.name))
+
+
+def _finetune_dir(first: Path) -> Path:
+    return first.parent / f"{first.name}--{FINETUNE}"
 
 
 def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int) -> CellPlan:
@@ -80,14 +98,18 @@ def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int) -> CellPlan:
     first = build_config(spec.base_config(), [*spec.overrides, *cell.overrides(), *common, f"run.name={cell.name}"])
     finetune = None
     if spec.finetune_config is not None:
-        ft_overrides = [
-            *spec.finetune_overrides,
-            *common,
-            f"run.name={cell.name}--{FINETUNE}",
-            f"run.init_from={out / cell.name}",
-        ]
-        finetune = (spec.base_config(spec.finetune_config), ft_overrides)
-    return CellPlan(_with_threads(first, threads), finetune, threads)
+        ft_base = spec.base_config(spec.finetune_config)
+        ft_overrides = [*spec.finetune_overrides, *common, f"run.name={cell.name}--{FINETUNE}"]
+        if cell.pretrains:
+            ft_overrides.append(f"run.init_from={out / cell.name}")
+        else:  # the same model, from scratch: the first stage's model section and model overrides
+            base = spec.base_config()
+            if isinstance(base, dict) and isinstance(ft_base, dict) and "model" in base:
+                ft_base = {**ft_base, "model": base["model"]}
+            ft_overrides[:0] = [o for o in [*spec.overrides, *cell.overrides()] if o.startswith("model.")]
+        finetune = (ft_base, ft_overrides)
+    first_plan = _with_threads(first, threads) if cell.pretrains else None
+    return CellPlan(first_plan, finetune, threads, out, cell.name, spec.probes)
 
 
 def build_config(base: str | dict[str, Any], overrides: list[str]) -> TrainConfig:
@@ -104,7 +126,16 @@ def _with_threads(cfg: TrainConfig, threads: int) -> TrainConfig:
 
 def run_cell(plan: CellPlan) -> list[str]:
     """Bring every stage of a cell to its end; returns what was done to each ("skipped", "resumed", "ran")."""
-    done = [_run_stage(plan.first)]
+    done = []
+    if plan.first is not None:
+        done.append(_run_stage(plan.first))
+        if not plan.probes.done(plan.out / plan.name):
+            before = torch.get_num_threads()
+            torch.set_num_threads(plan.threads)  # as the run had; restored after, as the trainer does
+            try:
+                run_probes(plan.probes, plan.out / plan.name)
+            finally:
+                torch.set_num_threads(before)
     if plan.finetune is not None:
         base, overrides = plan.finetune
         done.append(_run_stage(_with_threads(build_config(base, overrides), plan.threads)))
@@ -151,7 +182,7 @@ def run_cells(
     failed: dict[str, str] = {}
     pending = []
     for cell, plan in plans:
-        if all(run_status(d) == "finished" for d in plan.run_dirs()):
+        if plan.finished():
             actions[cell.name] = ["skipped"] * len(plan.run_dirs())
             log(f"{cell.name}: finished already, skipped")
         else:

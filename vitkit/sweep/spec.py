@@ -11,6 +11,7 @@ seeds, the metrics to aggregate and the figure's axes.
     cells:                              # ... and/or (times) this list of override sets
       - {model.name: vit_ti16}
       - {model.name: bit_r26x1, model.width_factor: 1}
+      - {pretrain: false}               # (with a finetune stage) that stage alone, from scratch: the baseline
     skip:                               # combinations that make no sense: a cell matching any entry is left out
       - {model.pos_embed: none, model.pos_embed_where: every_layer}
     seeds: [0, 1, 2]                    # run.seed of each repeat
@@ -20,6 +21,9 @@ seeds, the metrics to aggregate and the figure's axes.
     finetune:                           # optional: a second run per cell, initialised from the first
       config: {data: {source: digits}}  #   (no model section: the model is the first run's)
       overrides: [data.in_chans=3, data.img_size=32]
+    probes:                             # optional: measured on each first run's model once it has finished
+      fewshot: {data: digits, overrides: [data.in_chans=3], shots: [5, 10]}   # metrics fewshot.5shot, ...
+      attention: {images: 256}          #   mean attention distance per layer: metrics attention.layer0, ...
     quick:                              # optional: what `--quick` changes (a run of seconds, run by the tests)
       overrides: [schedule.steps=4]     #   appended to overrides
       grid: {model.pos_embed: [none, learned]}   # replaces these grid keys
@@ -41,9 +45,23 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
+from .probes import PROBE_KEYS, Probes, parse_probes
 
-SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics", "figure", "finetune", "quick")
+SPEC_KEYS = (
+    "config",
+    "overrides",
+    "grid",
+    "cells",
+    "skip",
+    "seeds",
+    "metrics",
+    "figure",
+    "finetune",
+    "probes",
+    "quick",
+)
 QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")
+PRETRAIN = "pretrain"  # a cell key, not a config key: ``pretrain: false`` trains the finetune stage from scratch
 FINETUNE = "finetune"  # the prefix of the finetune stage's metrics, and the suffix of its run directories
 
 
@@ -87,8 +105,13 @@ class Cell:
         """What the cell's seeds share: the cells of one group are averaged."""
         return self.values
 
+    @property
+    def pretrains(self) -> bool:
+        """False for a cell with ``pretrain: false``: its finetune stage alone, from scratch (the baseline)."""
+        return dict(self.values).get(PRETRAIN, True) is not False
+
     def overrides(self) -> list[str]:
-        return [f"{k}={value_text(v)}" for k, v in self.values]
+        return [f"{k}={value_text(v)}" for k, v in self.values if k != PRETRAIN]
 
 
 @dataclass(frozen=True)
@@ -106,6 +129,7 @@ class SweepSpec:
     log_x: bool = False
     finetune_config: str | dict[str, Any] | None = None
     finetune_overrides: list[str] = field(default_factory=list)
+    probes: Probes = field(default_factory=Probes)
 
     @property
     def name(self) -> str:
@@ -250,6 +274,14 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
         raise UserError(f"{path}: metrics: expected a list of metric names, got {metrics!r}")
     if any(m.startswith(f"{FINETUNE}.") for m in metrics) and not finetune:
         raise UserError(f"{path}: metrics name the {FINETUNE} stage but the spec has no {FINETUNE} section")
+    probes = parse_probes(doc.get("probes"), f"{path}: probes")
+    for m in metrics:
+        kind, _, name = m.partition(".")
+        if kind == "fewshot" and m not in probes.metrics():
+            raise UserError(f"{path}: metrics: {m!r} is not one of the fewshot probe's ({probes.metrics() or 'none'})")
+        if kind == "attention" and (not probes.attention_images or not re.fullmatch(r"layer\d+", name)):
+            raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>")
+    assert set(PROBE_KEYS) == {"fewshot", "attention"}  # the two prefixes checked above
     figure = _mapping(doc.get("figure"), f"{path}: figure")
     spec = SweepSpec(
         path=path,
@@ -265,7 +297,12 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
         log_x=bool(figure.get("log_x", False)),
         finetune_config=finetune.get("config"),
         finetune_overrides=ft_overrides,
+        probes=probes,
     )
+    if any(c.get(PRETRAIN, True) is not True for c in spec.cells) and not finetune:
+        raise UserError(f"{path}: a cell with {PRETRAIN}: false needs a {FINETUNE} stage to run")
+    if any(c.get(PRETRAIN, True) not in (True, False) for c in spec.cells):
+        raise UserError(f"{path}: cells: {PRETRAIN} is true or false")
     for key in [k for k in (spec.figure_x, *spec.figure_lines) if k is not None]:
         if key not in spec.axes:
             raise UserError(f"{path}: figure: {key!r} is not a key that varies ({', '.join(spec.axes) or 'none'})")

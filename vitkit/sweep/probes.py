@@ -1,0 +1,195 @@
+"""Measurements of a cell's trained model beyond its training metrics, each written once to a JSON file in the
+run directory, so that aggregation reads them like the run's own metrics.
+
+    probes:
+      fewshot: {data: digits, overrides: [data.in_chans=3], shots: [5, 10], seeds: 3}
+      attention: {images: 256}
+
+- ``fewshot`` (paper sec 4.1): few-shot linear accuracy of the frozen model on another dataset (closed-form ridge
+  regression, vitkit.evaluate.fewshot), preprocessed as the model expects: ``fewshot.json``, the file
+  ``vitkit fewshot`` writes. Metrics ``fewshot.<k>shot``: the mean over the probe's seeds.
+- ``attention`` (paper fig. 7): the mean attention distance (pixels) of every layer and head over the first
+  ``images`` held-out images of the run's own data, and the cosine similarity of the position embeddings:
+  ``attention.json``. Metrics ``attention.layer<i>``: layer i's distance, averaged over heads. A model without
+  attention (the ResNet) records why it has none, and its metrics are blank.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+from ..io import atomic_write_text
+
+PROBE_KEYS = ("fewshot", "attention")
+FEWSHOT_FILE, ATTENTION_FILE = "fewshot.json", "attention.json"
+FEWSHOT_KEYS = {"data", "overrides", "shots", "seeds"}
+
+
+@dataclass(frozen=True)
+class Probes:
+    """What to measure after a cell's first run (nothing by default)."""
+
+    fewshot_data: str | None = None  # a source or config for checkpoint_data's --data
+    fewshot_overrides: tuple[str, ...] = ()
+    fewshot_shots: tuple[int, ...] = (5, 10)
+    fewshot_seeds: int = 3
+    attention_images: int = 0  # 0: no attention probe
+
+    @property
+    def files(self) -> list[str]:
+        return [FEWSHOT_FILE] * bool(self.fewshot_data) + [ATTENTION_FILE] * bool(self.attention_images)
+
+    def done(self, run_dir: Path) -> bool:
+        return all((run_dir / name).is_file() for name in self.files)
+
+    def metrics(self) -> list[str]:
+        """Every metric name these probes can give (``attention.layer<i>`` for any i)."""
+        return [f"fewshot.{k}shot" for k in self.fewshot_shots] * bool(self.fewshot_data)
+
+
+def parse_probes(doc: Any, where: str) -> Probes:
+    if doc is None:
+        return Probes()
+    if not isinstance(doc, dict) or set(doc) - set(PROBE_KEYS):
+        raise UserError(f"{where}: expected a mapping with some of {', '.join(PROBE_KEYS)}, got {doc!r}")
+    kwargs: dict[str, Any] = {}
+    fs = doc.get("fewshot")
+    if fs is not None:
+        if not isinstance(fs, dict) or not isinstance(fs.get("data"), str) or set(fs) - FEWSHOT_KEYS:
+            raise UserError(
+                f"{where}.fewshot: expected {{data: SOURCE, overrides: [...], shots: [...], seeds: N}}, got {fs!r}"
+            )
+        shots = fs.get("shots", [5, 10])
+        if not isinstance(shots, list) or not shots or not all(isinstance(k, int) and k > 0 for k in shots):
+            raise UserError(f"{where}.fewshot.shots: expected a list of positive integers, got {shots!r}")
+        overrides = fs.get("overrides") or []
+        if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+            raise UserError(f"{where}.fewshot.overrides: expected a list of data.key=value strings, got {overrides!r}")
+        seeds = fs.get("seeds", 3)
+        if not isinstance(seeds, int) or seeds < 1:
+            raise UserError(f"{where}.fewshot.seeds: expected a positive number of subsets, got {seeds!r}")
+        kwargs.update(fewshot_data=fs["data"], fewshot_overrides=tuple(overrides), fewshot_shots=tuple(shots))
+        kwargs["fewshot_seeds"] = seeds
+    att = doc.get("attention")
+    if att is not None:
+        images = att.get("images") if isinstance(att, dict) else None
+        if not isinstance(images, int) or images < 1 or set(att) - {"images"}:
+            raise UserError(f"{where}.attention: expected {{images: N}} with N > 0, got {att!r}")
+        kwargs["attention_images"] = images
+    return Probes(**kwargs)
+
+
+def run_probes(probes: Probes, run_dir: Path) -> None:
+    """Write each probe's file that is missing in ``run_dir`` (a finished run)."""
+    if probes.done(run_dir):
+        return
+    from ..data import build_datasets
+    from ..predict import load_for_inference
+    from ..train.run_eval import checkpoint_data
+
+    model, prep, metadata = load_for_inference(run_dir)
+    if probes.fewshot_data and not (run_dir / FEWSHOT_FILE).is_file():
+        from ..evaluate import fewshot
+
+        cfg = checkpoint_data(run_dir, metadata, prep, probes.fewshot_data, probes.fewshot_overrides)
+        train, test, info = build_datasets(cfg)
+        result = fewshot(model, train, test, probes.fewshot_shots, probes.fewshot_seeds, num_classes=info.num_classes)
+        doc = {"checkpoint": str(run_dir), "data": cfg.to_dict(), **result.to_dict()}
+        atomic_write_text(run_dir / FEWSHOT_FILE, json.dumps(doc, indent=2) + "\n")
+    if probes.attention_images and not (run_dir / ATTENTION_FILE).is_file():
+        doc = _attention(model, run_dir, metadata, prep, probes)
+        atomic_write_text(run_dir / ATTENTION_FILE, json.dumps(doc) + "\n")
+
+
+def _attention(model: torch.nn.Module, run_dir: Path, metadata: dict[str, Any], prep: Any, probes: Probes) -> dict:
+    from ..data import build_datasets
+    from ..inspect.attention import attention_distance
+    from ..inspect.embeddings import position_embedding_grid, position_similarity
+    from ..models.vit import VisionTransformer
+    from ..train.run_eval import checkpoint_data
+
+    if not isinstance(model, VisionTransformer):
+        return {"skipped": f"{type(model).__name__} has no attention"}
+    _, held_out, _ = build_datasets(checkpoint_data(run_dir, metadata, prep))
+    n = min(probes.attention_images, len(held_out))  # type: ignore[arg-type]  # vitkit's datasets are sized
+    images = torch.stack([held_out[i][0] for i in range(n)])
+    distance = attention_distance(model, images)  # (L, nh)
+    doc: dict[str, Any] = {"images": n, "distance": distance.tolist()}
+    if model.config.pos_embed != "none" and model.config.pos_embed != "relative":
+        doc["position_similarity"] = position_similarity(position_embedding_grid(model)).tolist()
+    return doc
+
+
+def probe_metric(run_dir: Path, metric: str) -> float | None:
+    """A ``fewshot.<k>shot`` or ``attention.layer<i>`` metric from the run's probe file (None: no attention)."""
+    kind, _, name = metric.partition(".")
+    path = run_dir / (FEWSHOT_FILE if kind == "fewshot" else ATTENTION_FILE)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"metrics: {metric!r} needs {path}, which the sweep's probes write (rerun the sweep)") from None
+    if kind == "fewshot":
+        shots = name.removesuffix("shot")
+        if shots not in doc.get("results", {}):
+            raise UserError(f"metrics: {metric!r}: {path} has shots {sorted(doc.get('results', {}))}")
+        return float(doc["results"][shots]["mean"])
+    if "skipped" in doc:
+        return None
+    layer = int(name.removeprefix("layer"))
+    row = doc["distance"][layer]
+    return float(sum(row) / len(row))
+
+
+def is_probe_metric(metric: str) -> bool:
+    return metric.partition(".")[0] in PROBE_KEYS
+
+
+def write_attention_figures(name: str, groups: list[tuple[str, list[Path]]], out: Path) -> list[Path]:
+    """The paper's fig. 7 for a sweep's models: ``attention_distance.png``, the mean attention distance by depth
+    (one line per group of seeds: the mean over heads and seeds; dots: every head of every seed), and per group
+    ``position_similarity_<group>.png`` (its first seed's table) where the model has a learned table."""
+    from matplotlib.figure import Figure
+
+    from ..inspect.figures import plot_position_similarity
+    from ..io import atomic_write
+
+    found = []
+    for label, run_dirs in groups:
+        docs = [json.loads(p.read_text()) for d in run_dirs if (p := d / ATTENTION_FILE).is_file()]
+        docs = [d for d in docs if "distance" in d]
+        if docs:
+            found.append((label, docs))
+    if not found:
+        return []
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot(1, 1, 1)
+    paths = []
+    for k, (label, docs) in enumerate(found):
+        dist = torch.tensor([d["distance"] for d in docs])  # (seeds, L, nh)
+        depth = torch.arange(1, dist.shape[1] + 1).float()
+        colour = f"C{k % 10}"
+        jitter = (k - (len(found) - 1) / 2) * 0.06
+        for s in range(dist.shape[0]):
+            for h in range(dist.shape[2]):
+                ax.scatter(depth + jitter, dist[s, :, h], s=6, color=colour, alpha=0.35, linewidths=0)
+        ax.plot(depth + jitter, dist.mean(dim=(0, 2)), marker="o", color=colour, label=f"{label} (n={len(docs)})")
+        if "position_similarity" in docs[0]:
+            sim = torch.tensor(docs[0]["position_similarity"]).numpy()
+            paths.append(
+                plot_position_similarity(sim, out / f"position_similarity_{label}.png", f"{name}: {label}, first seed")
+            )
+    ax.set_xlabel("Network depth (layer)")
+    ax.set_ylabel("Mean attention distance (pixels)")
+    ax.set_title(f"{name}: mean attention distance (dots: heads x seeds; line: their mean)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = out / "attention_distance.png"
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
+    return [path, *paths]
