@@ -7,11 +7,12 @@
 Synthetic JPEGs of ImageNet's typical size (~500x375, quality 90, smooth colour fields plus noise so the files
 are photo-sized, ~60-110 KB) are made in memory with PIL, then each decode path runs the same augmentation:
 
-    pil          Image.open + full decode, crop box, resize to 224 (bilinear), flip          (vitkit's road)
+    pil          Image.open + full decode, crop box, resize to 224 (bilinear), flip
     pil-draft    the crop box drawn from the header size first, then Image.draft: libjpeg decodes at 1/2,
                  1/4 or 1/8 scale when the crop is at least that many times larger than 224 (DCT scaling)
     simplejpeg   libjpeg-turbo via simplejpeg (fastdct, scaled decode as above) -- if installed
-    vitkit       pil + vitkit's own train_transform (inception crop, flip, to a normalised float tensor)
+    vitkit       vitkit's own train_transform on the opened file, as its readers hand it over (the crop box from the
+                 header size, a draft decode as pil-draft, inception crop, flip, to a normalised float tensor)
 
 Figures are per core (one process, one thread). The feed check divides the GPU's training rate by the best
 per-core rate: the cores a node needs for decoding alone (DataLoader workers also collate and copy).
@@ -123,7 +124,7 @@ def vitkit_path() -> Path:
     transform = train_transform(OUT, [0.5] * 3, [0.5] * 3, augment="inception_crop", flip=True)
 
     def run(data: bytes, rng: random.Random) -> np.ndarray:
-        return transform(Image.open(io.BytesIO(data)).convert("RGB")).numpy()
+        return transform(Image.open(io.BytesIO(data))).numpy()  # opened, not decoded: vitkit's readers do the same
 
     return run
 

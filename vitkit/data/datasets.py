@@ -23,7 +23,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ..errors import UserError, UserFileNotFoundError
-from .transforms import augment_images, check_augment, load_image
+from .transforms import augment_images, check_augment, load_image, open_image
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 
@@ -149,14 +149,12 @@ class ImageFolderDataset(Dataset):
             if i in self.skipped:
                 continue
             path, label = self.samples[i]
-            try:
-                img = load_image(path)
-            except (ValueError, FileNotFoundError) as e:
+            try:  # opened here, decoded by the transform (a training crop of a JPEG: at a reduced size)
+                return self.transform(open_image(path)), label
+            except UserError as e:  # the file's: not found, not an image, or truncated (a bug keeps its traceback)
                 if not self.skip_corrupt:
                     raise ImageReadError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
                 self._skip(i, e)
-                continue
-            return self.transform(img), label
         raise ImageReadError(
             f"{self.samples[0][0].parent.parent}: none of the {len(self.samples)} images could be read (all skipped)"
         )

@@ -32,7 +32,6 @@ from torch.utils.data import Dataset
 from ..errors import UserError
 from ..optional import require
 from .datasets import stratified_split
-from .transforms import to_rgb
 
 EVAL_SPLITS = ("validation", "valid", "val", "test")
 IMAGE_NAMES = ("image", "img", "picture", "jpg", "png")
@@ -197,7 +196,7 @@ class HFImageDataset(Dataset):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.raw(index)
-        return self.transform(to_rgb(image)), label
+        return self.transform(image), label  # the transform decodes (a training crop of a JPEG cell: reduced)
 
 
 def build_hf_parts(

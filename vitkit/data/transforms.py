@@ -6,7 +6,11 @@ mean = std = 0.5 gives the paper's [-1, 1] range ((x - 127.5) / 127.5 in 8-bit u
 - Evaluation (``eval_transform``): resize to ``img_size`` x ``img_size`` as the official fine-tuning code does,
   or, with ``crop_fraction < 1``, resize the short side to ``img_size / crop_fraction`` and centre-crop.
 - Training (``train_transform``): the inception crop (a random box of 5-100% of the image area with aspect
-  ratio 3/4..4/3, resized to ``img_size``) plus an optional horizontal flip; or, for small images such as the
+  ratio 3/4..4/3, resized to ``img_size``) plus an optional horizontal flip. Given a JPEG not decoded yet
+  (``open_image``: what the folder, manifest and WebDataset readers hand it), the box is drawn from the header's
+  size and the file is decoded at 1/2, 1/4 or 1/8 scale where the crop stays at least ``img_size`` pixels (a
+  large photo decodes several times faster; the crop's pixels are then libjpeg's DCT downscale, not a full decode
+  resized). Evaluation always decodes in full; or, for small images such as the
   digits, a random shift by a few pixels (``"shift"``); or no augmentation (``"none"``).
 
 All randomness comes from torch's global RNG and is drawn in a fixed count per call whatever the outcome
@@ -31,6 +35,7 @@ from ..errors import UserError, UserFileNotFoundError
 
 AUGMENTS = ("inception_crop", "shift", "none")
 ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
+ORIENTATION_TAG = 0x0112  # EXIF
 CROP_ATTEMPTS = 10  # boxes drawn per image; if none fits, the whole image is used (tf's sampler does the same)
 
 
@@ -41,15 +46,56 @@ def load_image(path: str | Path) -> Image.Image:
     transparency) is composited onto white, so transparent strokes do not vanish into an arbitrary background
     colour; 16-bit and float images are rescaled rather than clipped; EXIF orientation is applied.
     """
+    return decode_image(open_image(path))
+
+
+def open_image(path: str | Path) -> Image.Image:
+    """An image file with its header read (size, format, EXIF) and its pixels not yet decoded: the transforms
+    decode it (``decode_image``), the training one at the reduced size its crop needs. A missing file or one that
+    is not an image is a ValueError naming the file, as in ``load_image``."""
     path = Path(path)
     try:
-        with Image.open(path) as img:
-            img.load()  # decode now: a truncated file fails here, not later inside a DataLoader worker
-            return to_rgb(ImageOps.exif_transpose(img))
+        return Image.open(path)
     except FileNotFoundError:
         raise UserFileNotFoundError(f"{path}: image file not found") from None
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
         raise UserError(f"{path}: cannot read image ({type(e).__name__}: {e})") from None
+
+
+def is_undecoded(img: Image.Image) -> bool:
+    """An image opened from a file or bytes whose pixels have not been decoded yet."""
+    return bool(getattr(img, "tile", None))
+
+
+def upright_size(img: Image.Image) -> tuple[int, int]:
+    """(width, height) of the image once its EXIF orientation is applied (read from the header alone)."""
+    if is_undecoded(img) and img.getexif().get(ORIENTATION_TAG, 1) in (5, 6, 7, 8):  # a quarter turn: swapped
+        return img.height, img.width
+    return img.width, img.height
+
+
+def decode_image(img: Image.Image, reduce: int = 1) -> Image.Image:
+    """The image as 8-bit RGB with its EXIF orientation applied (see ``load_image``). One not decoded yet is
+    decoded now, and a JPEG at 1/``reduce`` of its size where ``reduce`` is 2, 4 or 8 (libjpeg's DCT scaling: far
+    less work than the full decode and a resize); a decoding failure is a ValueError naming the file."""
+    if not is_undecoded(img):
+        return to_rgb(img)
+    try:
+        if reduce > 1 and img.format == "JPEG":
+            img.draft("RGB", (math.ceil(img.width / reduce), math.ceil(img.height / reduce)))
+        img.load()  # a truncated file fails here, not later
+        return to_rgb(ImageOps.exif_transpose(img))
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        name = getattr(img, "filename", "") or "an image"
+        raise UserError(f"{name}: cannot read image ({type(e).__name__}: {e})") from None
+    finally:
+        img.close()  # the decoded copy is returned; the file is ours to close
+
+
+def jpeg_reduction(crop: tuple[float, float], size: int) -> int:
+    """The largest DCT scale-down (8, 4, 2 or 1) that keeps a crop of (w, h) pixels at least ``size`` pixels on
+    both sides, so the crop is still shrunk (never enlarged) to ``size``."""
+    return next((s for s in (8, 4, 2) if min(crop) >= size * s), 1)
 
 
 def to_rgb(img: Image.Image) -> Image.Image:
@@ -124,7 +170,7 @@ class EvalTransform:
     crop_fraction: float = 1.0
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
-        img = _to_mode(img, len(self.mean))
+        img = _to_mode(decode_image(img), len(self.mean))  # a file not decoded yet: decoded whole
         if self.crop_fraction == 1.0:
             img = img.resize((self.img_size, self.img_size), Image.Resampling.BILINEAR)
         else:
@@ -146,13 +192,18 @@ class TrainTransform:
     shift_pixels: int = 0
 
     def __call__(self, img: Image.Image) -> torch.Tensor:
-        img = _to_mode(img, len(self.mean))
         size = (self.img_size, self.img_size)
         if self.augment == "inception_crop":
-            top, left, h, w = sample_crop_boxes(1, img.height, img.width, self.crop_area_min)[0].tolist()
-            img = img.resize(size, Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+            # the box is drawn from the header's size first, so a JPEG not decoded yet is decoded at the smallest
+            # DCT scale that keeps the crop at least img_size pixels; the box is then scaled to what was decoded
+            width, height = upright_size(img)
+            top, left, h, w = sample_crop_boxes(1, height, width, self.crop_area_min)[0].tolist()
+            img = _to_mode(decode_image(img, jpeg_reduction((w, h), self.img_size)), len(self.mean))
+            fx, fy = img.width / width, img.height / height
+            box = (left * fx, top * fy, (left + w) * fx, (top + h) * fy)
+            img = img.resize(size, Image.Resampling.BILINEAR, box=box)
         else:
-            img = img.resize(size, Image.Resampling.BILINEAR)
+            img = _to_mode(decode_image(img), len(self.mean)).resize(size, Image.Resampling.BILINEAR)
         x = to_tensor(img, self.mean, self.std)[None]  # (1, C, H, W)
         shift = self.shift_pixels if self.augment == "shift" else 0
         fill = black_level(self.mean, self.std)

@@ -41,7 +41,6 @@ from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from ..errors import UserError, UserFileNotFoundError
 from ..optional import require
-from .transforms import to_rgb
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = "vitkit-shards"
@@ -146,21 +145,29 @@ def read_shard(path: str) -> Iterator[Sample]:
 
 
 def decode(sample: Sample) -> tuple[Image.Image, int]:
-    """(RGB or L image, class index) of a raw sample; a sample without an image or a class is a UserError."""
+    """(image, class index) of a raw sample, the image opened but not decoded; a sample without an image or a
+    class, or whose image is not one, is a UserError."""
     image_key = next((k for k in IMAGE_KEYS if k in sample), None)
     if image_key is None or "cls" not in sample:
         raise UserError(
             f"{sample.get('__url__')}: sample {sample.get('__key__')!r} needs an image ({'/'.join(IMAGE_KEYS)}) "
             f"and a cls entry, has {sorted(k for k in sample if not k.startswith('__'))}"
         )
-    try:
-        with Image.open(io.BytesIO(sample[image_key])) as img:
-            img.load()
-            image = to_rgb(img)
+    try:  # the header now; the pixels when the transform decodes them (see ``transformed``)
+        image = Image.open(io.BytesIO(sample[image_key]))
         label = int(sample["cls"].decode() if isinstance(sample["cls"], bytes) else sample["cls"])
     except (OSError, ValueError, SyntaxError) as e:
         raise UserError(f"{sample.get('__url__')}: cannot read sample {sample.get('__key__')!r} ({e})") from None
     return image, label
+
+
+def transformed(transform: Transform, image: Image.Image, sample: Sample) -> torch.Tensor:
+    """The transform of a decoded sample's image (a training crop of a JPEG decodes at a reduced size); a file
+    that fails to decode is a UserError naming the shard and the sample."""
+    try:
+        return transform(image)
+    except UserError as e:
+        raise UserError(f"{sample.get('__url__')}: cannot read sample {sample.get('__key__')!r} ({e})") from None
 
 
 def shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterator[Sample]:
@@ -193,7 +200,7 @@ class WebDatasetStream(IterableDataset):
         for path in self.shards.paths:
             for sample in read_shard(path):
                 image, label = decode(sample)
-                yield self.transform(image), label
+                yield transformed(self.transform, image, sample), label
 
     def block(self, epoch: int, seed: int, start: int, stop: int) -> Iterator[Sample]:
         """Samples [start, stop) of epoch ``epoch``'s shard order, opening only the shards they lie in."""
@@ -296,7 +303,7 @@ class _Plan(IterableDataset):
         for i, sample in enumerate(batch):
             image, label = decode(sample)
             torch.manual_seed(mix(self.seed, epoch, self.rank, micro * self.per_rank + i))  # the augmentation
-            images.append(self.stream.transform(image))
+            images.append(transformed(self.stream.transform, image, sample))
             labels.append(label)
             if self.stream.record_keys is not None:
                 self.stream.record_keys.append(str(sample["__key__"]))
@@ -319,7 +326,7 @@ class WebDatasetItems(IterableDataset):
         for path in self.shards.paths[worker::workers]:
             for sample in read_shard(path):
                 image, label = decode(sample)
-                yield self.transform(image), label
+                yield transformed(self.transform, image, sample), label
 
 
 def build_wds_parts(
