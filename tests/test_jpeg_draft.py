@@ -137,3 +137,24 @@ def test_a_truncated_jpeg_fails_on_the_reduced_road_naming_the_file_and_the_samp
     image, label = decode(sample)  # the header reads
     with pytest.raises(UserError, match=r"train-000000\.tar: cannot read sample 's0'"):
         transformed(train_transform(224), image, sample)
+
+
+def test_the_training_flip_is_the_batch_paths_flip_from_the_same_draw():
+    """The per-image transform mirrors in Pillow; the batch path (augment_images) by resampling: same draws, same
+    pixels."""
+    from vitkit.data.transforms import augment_images, sample_crop_boxes, to_tensor
+
+    img = Image.fromarray(photo(70, 50, seed=4))
+    tf = train_transform(32, augment="inception_crop", flip=True)
+    flipped = 0
+    for seed in range(8):
+        torch.manual_seed(seed)
+        got = tf(img)
+        torch.manual_seed(seed)
+        top, left, h, w = sample_crop_boxes(1, 50, 70)[0].tolist()
+        crop = img.resize((32, 32), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+        plain = to_tensor(crop, [0.5] * 3, [0.5] * 3)
+        expected = augment_images(plain[None], augment="none", flip=True)[0]
+        assert torch.equal(got, expected), seed
+        flipped += not torch.equal(got, plain)
+    assert 0 < flipped < 8

@@ -79,7 +79,7 @@ def test_the_attention_probe_gives_the_closed_form_of_uniform_attention(tmp_path
     centres = [(4 * r, 4 * c) for r in range(4) for c in range(4)]
     expected = sum(math.dist(a, b) for a, b in itertools.product(centres, centres)) / len(centres) ** 2
     doc = json.loads((run_dir / ATTENTION_FILE).read_text())
-    assert doc["images"] == 7
+    assert doc["images"] == 7 and doc["uniform"] == pytest.approx(expected, rel=1e-9)
     assert torch.tensor(doc["distance"]) == pytest.approx(torch.full((2, 2), expected), rel=1e-5)
     assert probe_metric(run_dir, "attention.layer1") == pytest.approx(expected, rel=1e-5)
     sim = torch.tensor(doc["position_similarity"])  # (4, 4, 4, 4) cosine similarities: 1 on the diagonal

@@ -204,11 +204,14 @@ class TrainTransform:
             img = img.resize(size, Image.Resampling.BILINEAR, box=box)
         else:
             img = _to_mode(decode_image(img), len(self.mean)).resize(size, Image.Resampling.BILINEAR)
-        x = to_tensor(img, self.mean, self.std)[None]  # (1, C, H, W)
         shift = self.shift_pixels if self.augment == "shift" else 0
+        if not shift:  # a flip alone: mirrored in Pillow, from the same draw augment_images makes for it
+            if self.flip and bool(torch.rand(1) < 0.5):
+                img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+            return to_tensor(img, self.mean, self.std)
+        x = to_tensor(img, self.mean, self.std)[None]  # (1, C, H, W)
         fill = black_level(self.mean, self.std)
-        x = augment_images(x, augment="shift" if shift else "none", flip=self.flip, shift_pixels=shift, fill=fill)
-        return x[0]
+        return augment_images(x, augment="shift", flip=self.flip, shift_pixels=shift, fill=fill)[0]
 
 
 def eval_transform(

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from ..errors import UserError
 from .aggregate import Row, aggregate, write_figures, write_table
@@ -64,10 +65,11 @@ def run_sweep(
     rows, records = aggregate(spec, cells, out)
     files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
     if spec.probes.attention_images:
-        groups: dict[str, list[Path]] = {}
+        groups: dict[str, tuple[str, dict[str, Any], list[Path]]] = {}
         for cell in cells:
-            groups.setdefault(cell.name.rsplit("_seed-", 1)[0], []).append(out / cell.name)
-        files += write_attention_figures(spec.name, list(groups.items()), out)
+            label = cell.name.rsplit("_seed-", 1)[0]
+            groups.setdefault(label, (label, dict(cell.values), []))[2].append(out / cell.name)
+        files += write_attention_figures(spec.name, list(groups.values()), out)
     from ..report.sweep import write_sweep_report  # report/ sits above sweep/: imported where it is used
 
     files.append(write_sweep_report(out, write_missing=False))  # report.html: the sweep on one page

@@ -109,7 +109,7 @@ def run_probes(probes: Probes, run_dir: Path) -> None:
 
 def _attention(model: torch.nn.Module, run_dir: Path, metadata: dict[str, Any], prep: Any, probes: Probes) -> dict:
     from ..data import build_datasets
-    from ..inspect.attention import attention_distance
+    from ..inspect.attention import attention_distance, token_distances
     from ..inspect.embeddings import position_embedding_grid, position_similarity
     from ..models.vit import VisionTransformer
     from ..train.run_eval import checkpoint_data
@@ -120,7 +120,8 @@ def _attention(model: torch.nn.Module, run_dir: Path, metadata: dict[str, Any], 
     n = min(probes.attention_images, len(held_out))  # type: ignore[arg-type]  # vitkit's datasets are sized
     images = torch.stack([held_out[i][0] for i in range(n)])
     distance = attention_distance(model, images)  # (L, nh)
-    doc: dict[str, Any] = {"images": n, "distance": distance.tolist()}
+    uniform = token_distances(model.grid, model.config.stride).mean()  # every patch attended alike
+    doc: dict[str, Any] = {"images": n, "distance": distance.tolist(), "uniform": float(uniform)}
     if model.config.pos_embed != "none" and model.config.pos_embed != "relative":
         doc["position_similarity"] = position_similarity(position_embedding_grid(model)).tolist()
     return doc
@@ -150,27 +151,30 @@ def is_probe_metric(metric: str) -> bool:
     return metric.partition(".")[0] in PROBE_KEYS
 
 
-def write_attention_figures(name: str, groups: list[tuple[str, list[Path]]], out: Path) -> list[Path]:
+def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], list[Path]]], out: Path) -> list[Path]:
     """The paper's fig. 7 for a sweep's models: ``attention_distance.png``, the mean attention distance by depth
     (one line per group of seeds: the mean over heads and seeds; dots: every head of every seed), and per group
-    ``position_similarity_<group>.png`` (its first seed's table) where the model has a learned table."""
+    ``position_similarity_<group>.png`` (its first seed's table) where the model has a learned table. A group is
+    (its name, the values of its axes, its run directories); it is labelled by the values that differ."""
     from matplotlib.figure import Figure
 
     from ..inspect.figures import plot_position_similarity
     from ..io import atomic_write
 
-    found = []
-    for label, run_dirs in groups:
+    found, values = [], []
+    for label, axes, run_dirs in groups:
         docs = [json.loads(p.read_text()) for d in run_dirs if (p := d / ATTENTION_FILE).is_file()]
         docs = [d for d in docs if "distance" in d]
         if docs:
             found.append((label, docs))
+            values.append(axes)
     if not found:
         return []
+    labels = _differing(values) if len(found) > 1 else [label for label, _ in found]
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot(1, 1, 1)
     paths = []
-    for k, (label, docs) in enumerate(found):
+    for k, ((label, docs), short) in enumerate(zip(found, labels)):
         dist = torch.tensor([d["distance"] for d in docs])  # (seeds, L, nh)
         depth = torch.arange(1, dist.shape[1] + 1).float()
         colour = f"C{k % 10}"
@@ -178,18 +182,28 @@ def write_attention_figures(name: str, groups: list[tuple[str, list[Path]]], out
         for s in range(dist.shape[0]):
             for h in range(dist.shape[2]):
                 ax.scatter(depth + jitter, dist[s, :, h], s=6, color=colour, alpha=0.35, linewidths=0)
-        ax.plot(depth + jitter, dist.mean(dim=(0, 2)), marker="o", color=colour, label=f"{label} (n={len(docs)})")
+        ax.plot(depth + jitter, dist.mean(dim=(0, 2)), marker="o", color=colour, label=f"{short} (n={len(docs)})")
         if "position_similarity" in docs[0]:
             sim = torch.tensor(docs[0]["position_similarity"]).numpy()
-            paths.append(
-                plot_position_similarity(sim, out / f"position_similarity_{label}.png", f"{name}: {label}, first seed")
-            )
+            title = f"{name}: {short}, first seed"
+            paths.append(plot_position_similarity(sim, out / f"position_similarity_{label}.png", title))
+    uniform = {d.get("uniform") for _, docs in found for d in docs} - {None}
+    if len(uniform) == 1:  # one grid for all: the distance of attention spread evenly over it
+        ax.axhline(uniform.pop(), color="0.5", linestyle="--", linewidth=1, label="uniform attention")
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
-    ax.set_title(f"{name}: mean attention distance (dots: heads x seeds; line: their mean)")
+    ax.set_title(f"{name}: mean attention distance\n(dots: every head of every seed; line: their mean)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
     path = out / "attention_distance.png"
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     return [path, *paths]
+
+
+def _differing(values: list[dict[str, Any]]) -> list[str]:
+    """``key=value, ...`` of the axes whose values differ between the groups (the last part of each key)."""
+    from .spec import value_text
+
+    keys = [k for k in values[0] if len({value_text(v.get(k)) for v in values}) > 1]
+    return [", ".join(f"{k.rsplit('.', 1)[-1]}={value_text(v.get(k))}" for k in keys) for v in values]
