@@ -103,12 +103,13 @@ def _number(x: float | None, digits: int = 4) -> str:
 
 
 def write_table(spec: SweepSpec, rows: list[Row], records: list[dict[str, Any]], out: Path) -> list[Path]:
-    """OUT/sweep.csv, .json and .md: one row per group, with mean, std and n of every metric."""
+    """OUT/sweep.csv, .json and .md: one row per group, with mean, std and n of every metric (full precision in the
+    CSV and JSON, four significant digits in the markdown)."""
     axes = spec.axes
     header = [*axes, "n", *(f"{m}_{s}" for m in spec.metrics for s in ("mean", "std"))]
     table = [
         [*(value_text(r.values.get(k, "")) for k in axes), str(r.n)]
-        + [_number(v, 6) for m in spec.metrics for v in (r.mean[m], r.std[m])]
+        + ["" if v is None else repr(v) for m in spec.metrics for v in (r.mean[m], r.std[m])]  # full precision
         for r in rows
     ]
     text = io.StringIO()
