@@ -38,7 +38,7 @@ from ..train import NonFiniteLossError, train
 from ..train.config import TrainConfig, config_from_dict, load_config
 from ..train.state import STATE_NAME
 from .probes import Probes, run_probes
-from .spec import FINETUNE, Cell, SweepSpec
+from .spec import FINETUNE, Cell, SweepSpec, value_text
 
 # what stops one cell and lets the others go on: a setting that does not work (a config error, a diverged run);
 # anything else is a bug and stops the sweep with its traceback
@@ -102,11 +102,9 @@ def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int) -> CellPlan:
         ft_overrides = [*spec.finetune_overrides, *common, f"run.name={cell.name}--{FINETUNE}"]
         if cell.pretrains:
             ft_overrides.append(f"run.init_from={out / cell.name}")
-        else:  # the same model, from scratch: the first stage's model section and model overrides
-            base = spec.base_config()
-            if isinstance(base, dict) and isinstance(ft_base, dict) and "model" in base:
-                ft_base = {**ft_base, "model": base["model"]}
-            ft_overrides[:0] = [o for o in [*spec.overrides, *cell.overrides()] if o.startswith("model.")]
+        else:  # the same model, from scratch: what the first stage's model section resolved to (name and fields)
+            model = [f"model.{k}={value_text(v)}" for k, v in first.model.to_dict().items() if v is not None]
+            ft_overrides[:0] = model
         finetune = (ft_base, ft_overrides)
     first_plan = _with_threads(first, threads) if cell.pretrains else None
     return CellPlan(first_plan, finetune, threads, out, cell.name, spec.probes)
