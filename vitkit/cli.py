@@ -228,8 +228,7 @@ def cmd_fewshot(args: argparse.Namespace) -> int:
     result = fewshot(model, train, test, args.shots, args.seeds, args.l2, args.batch_size, info.num_classes)
     print(f"few-shot linear accuracy of {args.checkpoint} on {cfg.source} ({len(train)} train images to draw from)")
     print(result.table())
-    doc = {"checkpoint": str(args.checkpoint), "data": cfg.to_dict(), **result.to_dict()}
-    atomic_write_text(out, json.dumps(doc, indent=2) + "\n")
+    atomic_write_text(out, json.dumps(result.record(str(args.checkpoint), cfg.to_dict()), indent=2) + "\n")
     print(f"wrote {out}")
     return 0
 

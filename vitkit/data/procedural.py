@@ -185,7 +185,7 @@ class ProceduralShapes(Dataset):
         self.class_names = list(CLASS_NAMES)
         self.num_skipped = 0
         fits = num_images * img_size * img_size * 3 <= self.CACHE_BYTES
-        self._cache: dict[int, np.ndarray] | None = {} if fits else None
+        self._cache: dict[int, tuple[np.ndarray, int]] | None = {} if fits else None  # index -> (pixels, label)
 
     def __len__(self) -> int:
         return self.num_images
@@ -198,12 +198,13 @@ class ProceduralShapes(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not 0 <= index < self.num_images:
             raise IndexError(f"index {index} out of range for {self.num_images} images")
-        index, label = int(index), int(index) % len(CLASS_NAMES)
-        pixels = self._cache.get(index) if self._cache is not None else None
-        if pixels is None:
-            pixels = render_shape_image(self.seed, self.stream, index, self.img_size)[0]
+        index = int(index)
+        drawn = self._cache.get(index) if self._cache is not None else None
+        if drawn is None:
+            drawn = render_shape_image(self.seed, self.stream, index, self.img_size)
             if self._cache is not None:
-                self._cache[index] = pixels
+                self._cache[index] = drawn
+        pixels, label = drawn
         x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
         if self.in_chans == 1:
             x = x.mean(0, keepdim=True)

@@ -6,12 +6,12 @@ mean = std = 0.5 gives the paper's [-1, 1] range ((x - 127.5) / 127.5 in 8-bit u
 - Evaluation (``eval_transform``): resize to ``img_size`` x ``img_size`` as the official fine-tuning code does,
   or, with ``crop_fraction < 1``, resize the short side to ``img_size / crop_fraction`` and centre-crop.
 - Training (``train_transform``): the inception crop (a random box of 5-100% of the image area with aspect
-  ratio 3/4..4/3, resized to ``img_size``) plus an optional horizontal flip. Given a JPEG not decoded yet
-  (``open_image``: what the folder, manifest and WebDataset readers hand it), the box is drawn from the header's
-  size and the file is decoded at 1/2, 1/4 or 1/8 scale where the crop stays at least ``img_size`` pixels (a
-  large photo decodes several times faster; the crop's pixels are then libjpeg's DCT downscale, not a full decode
-  resized). Evaluation always decodes in full; or, for small images such as the
-  digits, a random shift by a few pixels (``"shift"``); or no augmentation (``"none"``).
+  ratio 3/4..4/3, resized to ``img_size``) plus an optional horizontal flip; or, for small images such as the
+  digits, a random shift by a few pixels (``"shift"``); or no augmentation (``"none"``). Given a JPEG not decoded
+  yet (``open_image``: what the folder, manifest and WebDataset readers hand it), the inception crop's box is
+  drawn from the header's size and the file is decoded at 1/2, 1/4 or 1/8 scale where the crop stays at least
+  ``img_size`` pixels (a large photo decodes several times faster; the crop's pixels are then libjpeg's DCT
+  downscale, not a full decode resized). Evaluation always decodes in full.
 
 All randomness comes from torch's global RNG and is drawn in a fixed count per call whatever the outcome
 (``sample_crop_boxes`` draws all its attempts up front), so seeding torch before a call reproduces it exactly.

@@ -60,6 +60,11 @@ class FewShotResult:
             },
         }
 
+    def record(self, checkpoint: str, data: dict[str, Any]) -> dict[str, Any]:
+        """The document ``vitkit fewshot`` writes (and a sweep's fewshot probe): the checkpoint, the data config
+        the features were taken on, then ``to_dict``."""
+        return {"checkpoint": checkpoint, "data": data, **self.to_dict()}
+
     def table(self) -> str:
         """A plain-text table: one row per shot count, accuracy in percent as mean +- std over seeds."""
         lines = [f"{'shots':>5}  {'accuracy (%)':>15}", f"{'-' * 5}  {'-' * 15}"]

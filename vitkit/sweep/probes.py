@@ -100,7 +100,7 @@ def run_probes(probes: Probes, run_dir: Path) -> None:
         cfg = checkpoint_data(run_dir, metadata, prep, probes.fewshot_data, probes.fewshot_overrides)
         train, test, info = build_datasets(cfg)
         result = fewshot(model, train, test, probes.fewshot_shots, probes.fewshot_seeds, num_classes=info.num_classes)
-        doc = {"checkpoint": str(run_dir), "data": cfg.to_dict(), **result.to_dict()}
+        doc = result.record(str(run_dir), cfg.to_dict())
         atomic_write_text(run_dir / FEWSHOT_FILE, json.dumps(doc, indent=2) + "\n")
     if probes.attention_images and not (run_dir / ATTENTION_FILE).is_file():
         doc = _attention(model, run_dir, metadata, prep, probes)

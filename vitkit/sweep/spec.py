@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
-from .probes import PROBE_KEYS, Probes, parse_probes
+from .probes import Probes, parse_probes
 
 SPEC_KEYS = (
     "config",
@@ -281,7 +281,6 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
             raise UserError(f"{path}: metrics: {m!r} is not one of the fewshot probe's ({probes.metrics() or 'none'})")
         if kind == "attention" and (not probes.attention_images or not re.fullmatch(r"layer\d+", name)):
             raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>")
-    assert set(PROBE_KEYS) == {"fewshot", "attention"}  # the two prefixes checked above
     figure = _mapping(doc.get("figure"), f"{path}: figure")
     spec = SweepSpec(
         path=path,
@@ -299,10 +298,10 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
         finetune_overrides=ft_overrides,
         probes=probes,
     )
-    if any(c.get(PRETRAIN, True) is not True for c in spec.cells) and not finetune:
-        raise UserError(f"{path}: a cell with {PRETRAIN}: false needs a {FINETUNE} stage to run")
     if any(c.get(PRETRAIN, True) not in (True, False) for c in spec.cells):
         raise UserError(f"{path}: cells: {PRETRAIN} is true or false")
+    if any(c.get(PRETRAIN, True) is False for c in spec.cells) and not finetune:
+        raise UserError(f"{path}: a cell with {PRETRAIN}: false needs a {FINETUNE} stage to run")
     for key in [k for k in (spec.figure_x, *spec.figure_lines) if k is not None]:
         if key not in spec.axes:
             raise UserError(f"{path}: figure: {key!r} is not a key that varies ({', '.join(spec.axes) or 'none'})")
