@@ -1,28 +1,25 @@
-"""vitkit against Hugging Face transformers (and timm, where installed) on this machine: the speed targets.
+"""vitkit against Hugging Face transformers (and timm, where installed) at equal precision: the speed targets.
 
-    python benchmarks/bench_vit.py                      # all comparisons (~8 min on 2 AVX2 cores, ~12 with timm)
-    python benchmarks/bench_vit.py --only fp32 --repeats 3 --json out.json
+    python benchmarks/bench_vit.py                         # everything (~25 min on 2 cores)
+    python benchmarks/bench_vit.py --only precision --batch-sizes 8 --json out.json
 
-1. ViT-B/16 inference, fp32: best vitkit path vs best transformers path (eager and torch.compile + freezing,
-   all four alternating in one loop, with onnxruntime as a fifth row where installed); target >= 1.05x and
-   >= 85% of the fp32 matmul peak measured in the run.
-2. ViT-B/16 inference, bf16 weights: target >= 1.3x and >= 70% of the bf16 matmul peak. Skipped where bf16 is
-   emulated (no AMX / AVX512-BF16 / CUDA) unless --force-bf16: it would take minutes per step and mean nothing.
-3. ViT-S/16 training step (forward + backward + AdamW), batch 32, bf16 autocast: >= 1.2x transformers with no
-   higher peak step memory. Where bf16 is emulated it runs in fp32 instead, and says so.
-
-4. ViT-B/16 inference by precision ("int8"): what a user gets by default (eager create_model, fp32) and with
-   each switch (optimize_for_inference int8, bf16 where native, fp32 compiled), beside transformers, timm and
-   onnxruntime (fp32 and int8), all alternating in one loop; target int8 >= 1.8x the best fp32 peer row. Beside
-   the speed, int8's accuracy cost: top-1 agreement with fp32 and logit error on held-out images of (a) a digits
-   run (--digits-run, else one trained here in ~10 s) and (b) an official-format ViT-S/16 checkpoint (--official,
-   else a randomly initialised one written by vitkit_to_official, which the output says).
+1. precision: ViT-B/16 inference at batch 1, 8 and 64, in fp32, bf16 and int8, every library given the same
+   switch, the one its documentation gives: fp32 as built; bf16 by ``model.to(torch.bfloat16)`` (vitkit:
+   ``optimize_for_inference(model, "bf16")``); int8 by ``torch.ao.quantization.quantize_dynamic`` of every
+   nn.Linear (vitkit: ``optimize_for_inference(model, "int8")``, the same kernels with per-channel weights).
+   ``--compile`` adds torch.compile with inductor freezing to every fp32 and bf16 row alike. The matmul peak of
+   each precision (a large fp32 / bf16 matmul, an int8 x int8 -> int32 torch._int_mm) is timed in the same
+   rounds. Targets: vitkit >= 1.15x the best peer of the same precision (95% interval above it) and >= 80% of
+   that precision's peak (FLOPs executed). Beside the speed, each switch's accuracy cost: top-1 agreement with
+   fp32 and logit error on held-out images of (a) a digits run (--digits-run, else one trained here) and (b) an
+   official-format ViT-S/16 (--official, else a randomly initialised one, which the output says).
+2. train: ViT-S/16 training step (forward, cross-entropy, backward, fused AdamW for every library), batch 32,
+   in fp32 and with bf16 autocast (where bf16 is native), against the same targets; step memory beside it.
 
 Every ratio is the median of per-round paired ratios with its 95% bootstrap interval; rounds go on until every
 interval is within +-2% (--target) or --max-repeats, and a ratio whose interval is wider than its distance from
-1 is flagged. The load average is checked before and after each comparison.
-Every number comes from vitkit.bench (synthetic inputs for speed, outputs checked for parity before timing).
-Where timm is importable it is timed in the same loop and held to the same targets.
+1 is flagged. The load average is checked before and after each comparison. Outputs are checked for parity
+before anything is timed. Nothing here is a test: it prints what it measures.
 """
 
 from __future__ import annotations
@@ -31,10 +28,11 @@ import argparse
 import copy
 import importlib.util
 import json
+import statistics
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,11 +43,12 @@ from torch import nn
 from vitkit.bench import (
     BenchConfig,
     BenchReport,
-    Measurement,
     best_rows,
     hf_peer,
     load_average,
     load_warnings,
+    matmul_probe,
+    model_flops,
     paired_ratio_stats,
     run_bench,
     settled,
@@ -57,16 +56,11 @@ from vitkit.bench import (
 )
 from vitkit.checkpoint.timm import timm_kwargs, vitkit_to_timm
 from vitkit.device import bf16_is_fast
-from vitkit.fast import can_compile, optimize_for_inference, tune_cpu_allocator
+from vitkit.fast import can_compile, compile_for_inference, optimize_for_inference, tune_cpu_allocator
 
 
 def log(msg: str) -> None:
     print(f"  {msg}", file=sys.stderr, flush=True)
-
-
-def best(report: BenchReport, impl: str) -> Measurement:
-    """The fastest row of one implementation (over compile modes)."""
-    return best_rows(report.measurements)[impl]
 
 
 def timm_peer(model: nn.Module) -> nn.Module:
@@ -81,42 +75,40 @@ def timm_peer(model: nn.Module) -> nn.Module:
 
 
 PEER_NAMES = {"hf": "transformers", "timm": "timm"}
+PRECISIONS = ("fp32", "bf16", "int8")
+PEAK_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
+TARGET_RATIO = 1.15  # vitkit over the best peer of the same precision
+TARGET_UTILISATION = 0.80  # of the matmul peak of that precision, FLOPs executed
 
 
-def inference_target(report: BenchReport, min_ratio: float, min_util: float) -> list[tuple[str, str, bool]]:
-    v = best(report, "vitkit")
-    rows = []
-    for peer, label in PEER_NAMES.items():
-        if peer in report.ratios:
-            ratio, p = report.ratios[peer], best(report, peer)
-            target = f"vitkit ({v.name}) / {label} ({p.name}) >= {min_ratio}x"
-            rows.append((target, f"{ratio:.3f}x", ratio >= min_ratio))
-    return [
-        *rows,
-        (
-            f"vitkit utilisation >= {min_util:.0%} of matmul peak (executed FLOPs; model FLOPs {v.utilisation:.1%})",
-            f"{v.hardware_utilisation:.1%}",
-            v.hardware_utilisation >= min_util,
-        ),
-    ]
+# ------------------------------------------------------------------------------------------- the switches
+def peer_switch(peer: nn.Module, precision: str, compile_mode: str) -> Callable[[torch.Tensor], Any]:
+    """A peer under the switch its documentation gives for a precision (on a copy; the peer is left as it was).
+
+    bf16: ``model.to(torch.bfloat16)`` with bf16 inputs. int8: ``quantize_dynamic`` of every nn.Linear to qint8
+    (torch's documented dynamic quantisation, as transformers' and timm's guides show it). compile_mode other than
+    "none": torch.compile with inductor freezing, as vitkit's fast path uses (not for int8, which it cannot trace).
+    """
+    model = copy.deepcopy(peer).eval().requires_grad_(False)
+    if precision == "int8":
+        from torch.ao.quantization import quantize_dynamic
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.ao.quantization's deprecation notice
+            quantized = quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        return quantized
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    model = model.to(dtype)
+    run = model if compile_mode == "none" else compile_for_inference(model, compile_mode)
+    return lambda x: run(x.to(dtype))
 
 
-def train_target(report: BenchReport, min_ratio: float) -> list[tuple[str, str, bool]]:
-    v = best(report, "vitkit")
-    rows = []
-    for peer, label in PEER_NAMES.items():
-        if peer not in report.ratios:
-            continue
-        ratio, p = report.ratios[peer], best(report, peer)
-        mem_ok = v.step_memory_bytes is not None and p.step_memory_bytes is not None
-        mem_ok = mem_ok and v.step_memory_bytes <= p.step_memory_bytes
-        mem = f"{(v.step_memory_bytes or 0) / 2**20:.0f} vs {(p.step_memory_bytes or 0) / 2**20:.0f} MiB"
-        rows.append((f"train step vitkit / {label} >= {min_ratio}x", f"{ratio:.3f}x", ratio >= min_ratio))
-        rows.append((f"train step memory vitkit <= {label}", mem, mem_ok))
-    return rows
+def vitkit_switch(model: nn.Module, precision: str, compile_mode: str) -> Callable[[torch.Tensor], Any]:
+    """vitkit's own switch: optimize_for_inference(model, precision) on a copy (int8 always runs eagerly)."""
+    mode = "none" if precision == "int8" else compile_mode
+    return optimize_for_inference(copy.deepcopy(model), precision, compile=mode)
 
 
-# ------------------------------------------------------------------------------------ precision comparison
 def _infer(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> Callable[[], Any]:
     def step() -> Any:
         with torch.no_grad():
@@ -125,6 +117,7 @@ def _infer(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> Callable[[], A
     return step
 
 
+# --------------------------------------------------------------------------------------------- accuracy
 def logit_agreement(want: torch.Tensor, got: Any) -> dict[str, float]:
     """Top-1 agreement of got with want (fp32), and the max / mean |logit error| relative to max |want|."""
     got = torch.as_tensor(got).float()
@@ -139,9 +132,9 @@ def logit_agreement(want: torch.Tensor, got: Any) -> dict[str, float]:
     }
 
 
-def int8_accuracy(model: nn.Module, images: torch.Tensor, workdir: Path, with_onnx: bool) -> dict[str, dict]:
-    """torch int8 (and onnxruntime int8) against the fp32 model on the same images, in batches of 64."""
-    from vitkit.export import export_onnx, onnx_session
+def switch_accuracy(model: nn.Module, images: torch.Tensor, precisions: list[str]) -> dict[str, dict]:
+    """Each switch (vitkit's, and the peers' documented int8 applied to the same model) against fp32 on the same
+    images, in batches of 64."""
 
     def batched(fn: Callable[[torch.Tensor], Any]) -> torch.Tensor:
         with torch.no_grad():
@@ -149,17 +142,16 @@ def int8_accuracy(model: nn.Module, images: torch.Tensor, workdir: Path, with_on
 
     model = model.eval()
     want = batched(model)
-    out = {"torch int8": logit_agreement(want, batched(optimize_for_inference(model, "int8", compile="none")))}
-    if with_onnx:
-        path = export_onnx(model, workdir / f"{id(model)}-int8.onnx", int8=True)
-        session = onnx_session(path)
-        got = batched(lambda b: session.run(None, {"pixel_values": b.numpy()})[0])
-        out["onnxruntime int8"] = logit_agreement(want, got)
+    out = {f"vitkit {p}": logit_agreement(want, batched(vitkit_switch(model, p, "none"))) for p in precisions}
+    if "int8" in precisions:  # the peers' switch: per-tensor weights, activations over half the 8-bit range
+        out["peers' int8 (quantize_dynamic)"] = logit_agreement(want, batched(peer_switch(model, "int8", "none")))
     return out
 
 
 def digits_model(run_dir: Path | None, workdir: Path) -> tuple[nn.Module, torch.Tensor, str]:
     """A trained digits model and its 360 held-out images: the given run, or a short run of the shipped config."""
+    from dataclasses import replace
+
     from vitkit.data import build_datasets
     from vitkit.hub import load_model
     from vitkit.train import load_config, train
@@ -203,197 +195,229 @@ def official_model(npz: Path | None, workdir: Path, held_out: torch.Tensor) -> t
     return model, (x * 2 - 1).contiguous() if x.min() >= 0 else x.contiguous(), label
 
 
-def precision_comparison(
-    args: argparse.Namespace, modes: list[str], extra: dict, has_onnxruntime: bool
-) -> tuple[str, list[tuple[str, str, bool | None]], dict]:
-    """ViT-B/16 inference: vitkit's default and each switch against the peers, paired round by round."""
-    from vitkit.export import export_onnx, onnx_session
-    from vitkit.models import create_model
-
-    lines: list[str] = []
-    workdir_obj = tempfile.TemporaryDirectory(prefix="vitkit-bench-int8-")
-    workdir = Path(workdir_obj.name)
-
-    # accuracy first: training the digits model changes the thread count, restored before timing
-    log("int8 accuracy: digits run")
-    digits, held_out, digits_label = digits_model(args.digits_run, workdir)
-    accuracy = {digits_label: int8_accuracy(digits, held_out, workdir, has_onnxruntime)}
-    log("int8 accuracy: official-format ViT-S/16")
-    official, images, official_label = official_model(args.official, workdir, held_out)
-    accuracy[official_label] = int8_accuracy(official, images, workdir, has_onnxruntime)
-    del digits, official
-
-    torch.manual_seed(0)
-    model = create_model("vit_b16").eval()  # what a user gets: eager, fp32, the model's own attention default
-    nn.init.normal_(model.head.weight, std=0.02)
-    torch.manual_seed(1)
-    x = torch.randn(args.batch_size, 3, 224, 224)
-    steps: dict[str, Callable[[], Any]] = {"vitkit default (eager fp32)": _infer(model, x)}
-    steps["vitkit int8"] = _infer(optimize_for_inference(model, "int8", compile="none"), x)
-    bf16_note = None
-    if bf16_is_fast(torch.device("cpu")):
-        steps["vitkit bf16"] = _infer(optimize_for_inference(copy.deepcopy(model), "bf16", compile="none"), x)
-    else:
-        bf16_note = "vitkit bf16: skipped, this CPU has no AMX / AVX512-BF16 (emulated bf16 is slower than fp32)"
-    if "default" in modes:
-        steps["vitkit fp32 compiled"] = _infer(optimize_for_inference(copy.deepcopy(model), "fp32", "default"), x)
-    peers = {"transformers": hf_peer(model), **{PEER_NAMES.get(k, k): build(model) for k, build in extra.items()}}
-    for name, peer in peers.items():
-        peer.eval()
-        steps[f"{name} eager fp32"] = _infer(peer, x)
-        if "default" in modes:
-            from vitkit.fast import compile_for_inference
-
-            steps[f"{name} fp32 compiled"] = _infer(compile_for_inference(peer, "default"), x)
-    if has_onnxruntime:
-        fp32_path = export_onnx(model, workdir / "vit_b16.onnx")
-        int8_path = export_onnx(model, workdir / "vit_b16-int8.onnx", int8=True)
-        for name, path in (("onnxruntime fp32", fp32_path), ("onnxruntime int8", int8_path)):
-            session = onnx_session(path)
-            steps[name] = lambda s=session: s.run(None, {"pixel_values": x.numpy()})[0]
-
-    # parity of the fp32 rows before timing (int8 and bf16 rows: their error is what the accuracy table shows)
-    ref = steps["vitkit default (eager fp32)"]()
-    for name, step in steps.items():
-        err = float((torch.as_tensor(step()).float() - ref).abs().max()) / max(1.0, float(ref.abs().max()))
-        log(f"{name}: max |diff| vs vitkit fp32 {err:.2e}")
-        if "fp32" in name and err > 1e-4:
-            raise SystemExit(f"{name} differs from vitkit fp32 by {err:.2e}: not timing it")
-
-    fp32_peers = [n for n in steps if not n.startswith("vitkit") and "int8" not in n]
-    ours = [n for n in steps if n.startswith("vitkit") or n == "onnxruntime int8"]
-
-    def ratios_settled(times: dict[str, list[float]]) -> bool:
-        return settled([paired_ratio_stats(times[p], times[v]) for p in fp32_peers for v in ours], args.target)
-
-    log(f"timing {len(steps)} rows alternating: {args.repeats} to {max(args.max_repeats, args.repeats)} rounds")
-    load_before = load_average()
-    times = time_alternating(
-        steps,
-        args.repeats,
-        args.warmup,
-        torch.device("cpu"),
-        until=ratios_settled,
-        max_repeats=max(args.max_repeats, args.repeats),
-    )
-    notes = load_warnings(load_before, load_average(), torch.get_num_threads())
-    rates = {n: sorted(args.batch_size / t for t in ts) for n, ts in times.items()}
-    median = {n: float(np.median(r)) for n, r in rates.items()}
-    best_peer = max(fp32_peers, key=median.get)
-    rounds = len(times[best_peer])
-
-    lines.append(
-        f"ViT-B/16 inference, batch {args.batch_size}, 224px, {torch.get_num_threads()} threads, {rounds} rounds "
-        f"alternating; speed-up = median of per-round (best fp32 peer s / row s) with its 95% bootstrap interval"
-    )
-    w = max(len(n) for n in steps)
-    lines.append(f"{'row':<{w}} {'img/s':>7} {'min-max':>13}   speed-up over {best_peer}")
-    for name in steps:
-        r = rates[name]
-        st = paired_ratio_stats(times[best_peer], times[name])
-        lines.append(f"{name:<{w}} {median[name]:>7.2f} {r[0]:>6.2f}-{r[-1]:<6.2f}   {st}")
-        if name != best_peer and st.inconclusive:
-            notes.append(f"{name} vs {best_peer}: interval {st.low:.3f}-{st.high:.3f} is wider than the effect")
-    if bf16_note:
-        lines.append(bf16_note)
-    int8_vs = {p: paired_ratio_stats(times[p], times["vitkit int8"]) for p in fp32_peers}
-    default = "vitkit default (eager fp32)"
-    int8_vs[default] = paired_ratio_stats(times[default], times["vitkit int8"])
-    for p, st in int8_vs.items():
-        lines.append(f"vitkit int8 / {p}: {st}")
-    lines.append("int8 accuracy against fp32 (logit errors relative to the largest |fp32 logit|):")
-    for label, per_impl in accuracy.items():
+def accuracy_lines(accuracy: dict[str, dict[str, dict]]) -> list[str]:
+    lines = ["accuracy cost of each switch against fp32 (logit errors relative to the largest |fp32 logit|):"]
+    for label, per_switch in accuracy.items():
         lines.append(f"  {label}")
-        for impl, a in per_impl.items():
+        for name, a in per_switch.items():
             lines.append(
-                f"    {impl:<17} top-1 agreement {a['top1_agreement']:.2%} of {a['n']} images, "
+                f"    {name:<31} top-1 agreement {a['top1_agreement']:.2%} of {a['n']} images, "
                 f"logit error max {a['max_err']:.3g} mean {a['mean_err']:.3g} (|logit| up to {a['max_abs_logit']:.3g})"
             )
-    lines += [f"WARNING: {n}" for n in notes]
+    return lines
 
-    st = int8_vs[best_peer]
-    digits_agree = next(iter(accuracy.values()))["torch int8"]["top1_agreement"]
-    target_rows = [
-        (
-            f"ViT-B/16 int8: vitkit int8 / {best_peer} >= {INT8_TARGET}x (95% interval above it)",
-            f"{st.median:.3f}x [{st.low:.3f}, {st.high:.3f}]",
-            st.low >= INT8_TARGET,
-        ),
-        ("int8 top-1 disagreement <= 0.5% (digits held-out)", f"{1 - digits_agree:.2%}", 1 - digits_agree <= 0.005),
+
+# ------------------------------------------------------------------------------------ equal precision
+def precision_rows(
+    model: nn.Module, peers: dict[str, nn.Module], precisions: list[str], compile_mode: str, x: torch.Tensor
+) -> dict[str, Callable[[], Any]]:
+    """One timed step per (precision, implementation), named "<precision> <implementation>"."""
+    steps = {}
+    for p in precisions:
+        steps[f"{p} vitkit"] = _infer(vitkit_switch(model, p, compile_mode), x)
+        for name, peer in peers.items():
+            steps[f"{p} {name}"] = _infer(peer_switch(peer, p, compile_mode), x)
+    return steps
+
+
+def check_rows(steps: dict[str, Callable[[], Any]], precisions: list[str]) -> None:
+    """Rows of one precision compute the same thing: within the precision's tolerance of that precision's vitkit
+    row (int8: each library quantises in its own way, so only the fp32 reference bounds it, loosely)."""
+    ref = torch.as_tensor(steps["fp32 vitkit"]()).float()
+    scale = max(1.0, float(ref.abs().max()))
+    tol = {"fp32": 1e-4, "bf16": 5e-2, "int8": 0.25}
+    for name, step in steps.items():
+        p = name.split()[0]
+        base = ref if p == "int8" else torch.as_tensor(steps[f"{p} vitkit"]()).float()
+        err = float((torch.as_tensor(step()).float() - base).abs().max()) / scale
+        log(f"{name}: max |diff| vs vitkit {'fp32' if p == 'int8' else p} {err:.2e} (tolerance {tol[p]:g})")
+        if err > tol[p]:
+            raise SystemExit(f"{name} differs by {err:.2e}: not timing implementations that compute different things")
+
+
+def precision_comparison(
+    args: argparse.Namespace,
+    batch_size: int,
+    precisions: list[str],
+    extra: dict,
+    model_name: str = "vit_b16",
+    **overrides: Any,
+) -> tuple[str, list[tuple[str, str, bool | None]], dict]:
+    """ViT-B/16 (or another registered ViT, with config overrides) inference at one batch size: every precision,
+    vitkit and each peer under the same switch, and the matmul peak of each precision, all taking turns in the
+    same rounds."""
+    from vitkit.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model(model_name, **overrides).eval()
+    nn.init.normal_(model.head.weight, std=0.02)  # informative logits for the parity checks
+    size = model.config.img_size[0]
+    torch.manual_seed(1)
+    x = torch.randn(batch_size, model.config.in_chans, *model.config.img_size)
+    peers = {"transformers": hf_peer(model), **{PEER_NAMES.get(k, k): build(model) for k, build in extra.items()}}
+    steps = precision_rows(model, peers, precisions, args.compile, x)
+    check_rows(steps, precisions)
+    probes = {}
+    for p in precisions:
+        probe, probe_flops = matmul_probe(PEAK_DTYPES[p], torch.device("cpu"))
+        probes[f"{p} matmul peak"] = (probe, probe_flops)
+    flops = {"vitkit": model_flops(model, size, logits_path=True), "peer": model_flops(model, size)}
+
+    pairs = [(f"{p} {peer}", f"{p} vitkit") for p in precisions for peer in peers]
+
+    def ratios_settled(times: dict[str, list[float]]) -> bool:
+        return settled([paired_ratio_stats(times[a], times[b]) for a, b in pairs], args.target)
+
+    rows = {**steps, **{name: probe for name, (probe, _) in probes.items()}}
+    log(f"batch {batch_size}: timing {len(rows)} rows alternating, {args.repeats} to {args.max_repeats} rounds")
+    load_before = load_average()
+    times = time_alternating(
+        rows, args.repeats, args.warmup, torch.device("cpu"), until=ratios_settled, max_repeats=args.max_repeats
+    )
+    notes = load_warnings(load_before, load_average(), torch.get_num_threads())
+    peaks = {p: probes[f"{p} matmul peak"][1] / statistics.median(times[f"{p} matmul peak"]) / 1e9 for p in precisions}
+    rounds = len(times["fp32 vitkit"])
+
+    lines = [
+        f"{model_name} inference, batch {batch_size}, {size} px, {torch.get_num_threads()} threads, "
+        f"compile {args.compile}, "
+        f"{rounds} rounds alternating",
+        "matmul peaks timed in the same rounds: "
+        + ", ".join(f"{p} {peaks[p]:.0f} G{'OP' if p == 'int8' else 'FLOP'}/s" for p in precisions),
+        "speed-up = median of per-round (row s / vitkit s) in the same precision, with its 95% bootstrap interval",
     ]
-    doc = {
-        "times_s": times,
-        "images_per_s": median,
-        "accuracy": accuracy,
-        "int8_ratios": {p: s.to_dict() for p, s in int8_vs.items()},
-        "warnings": notes,
-    }
-    workdir_obj.cleanup()
+    w = max(len(n) for n in steps)
+    lines.append(f"{'row':<{w}} {'img/s':>7} {'min-max':>13} {'G/s':>6} {'of peak':>7}   vitkit / row")
+    target_rows: list[tuple[str, str, bool | None]] = []
+    doc: dict[str, Any] = {"batch_size": batch_size, "peaks_g_per_s": peaks, "times_s": times, "rows": {}}
+    for name in steps:
+        p, impl = name.split(" ", 1)
+        rates = sorted(batch_size / t for t in times[name])
+        median = float(np.median(rates))
+        executed = flops["vitkit" if impl == "vitkit" else "peer"]
+        util = median * executed / 1e9 / peaks[p]
+        st = None if impl == "vitkit" else paired_ratio_stats(times[name], times[f"{p} vitkit"])
+        lines.append(
+            f"{name:<{w}} {median:>7.2f} {rates[0]:>6.2f}-{rates[-1]:<6.2f} {median * executed / 1e9:>6.0f} "
+            f"{util:>7.1%}   {'-' if st is None else st}"
+        )
+        doc["rows"][name] = {"images_per_s": median, "utilisation": util, "ratio": None if st is None else st.to_dict()}
+        if st is not None and st.inconclusive:
+            notes.append(f"{name}: interval {st.low:.3f}-{st.high:.3f} is wider than the effect")
+    for p in precisions:
+        best_peer = max(peers, key=lambda n: float(np.median([batch_size / t for t in times[f"{p} {n}"]])))
+        st = paired_ratio_stats(times[f"{p} {best_peer}"], times[f"{p} vitkit"])
+        util = doc["rows"][f"{p} vitkit"]["utilisation"]
+        target_rows += [
+            (
+                f"batch {batch_size} {p}: vitkit / {best_peer} >= {TARGET_RATIO}x (interval above it)",
+                f"{st.median:.3f}x [{st.low:.3f}, {st.high:.3f}]",
+                st.low >= TARGET_RATIO,
+            ),
+            (
+                f"batch {batch_size} {p}: vitkit >= {TARGET_UTILISATION:.0%} of the {p} matmul peak",
+                f"{util:.1%}",
+                util >= TARGET_UTILISATION,
+            ),
+        ]
+    lines += [f"WARNING: {n}" for n in notes]
+    doc["warnings"] = notes
     return "\n".join(lines), target_rows, doc
+
+
+# --------------------------------------------------------------------------------------------- training
+def train_targets(report: BenchReport, label: str) -> list[tuple[str, str, bool | None]]:
+    v = best_rows(report.measurements)["vitkit"]
+    rows: list[tuple[str, str, bool | None]] = []
+    for peer, name in PEER_NAMES.items():
+        if peer not in report.ratio_stats:
+            continue
+        st, p = report.ratio_stats[peer], best_rows(report.measurements)[peer]
+        rows.append(
+            (
+                f"{label}: vitkit / {name} >= {TARGET_RATIO}x (interval above it)",
+                f"{st['median']:.3f}x [{st['low']:.3f}, {st['high']:.3f}]",
+                st["low"] >= TARGET_RATIO,
+            )
+        )
+        mem_ok = None
+        if v.step_memory_bytes is not None and p.step_memory_bytes is not None:
+            mem_ok = v.step_memory_bytes <= p.step_memory_bytes
+        mem = f"{(v.step_memory_bytes or 0) / 2**20:.0f} vs {(p.step_memory_bytes or 0) / 2**20:.0f} MiB"
+        rows.append((f"{label}: step memory vitkit <= {name}", mem, mem_ok))
+    util = v.hardware_utilisation
+    rows.append((f"{label}: vitkit >= {TARGET_UTILISATION:.0%} of the matmul peak", f"{util:.1%}", util >= 0.8))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--only", choices=RUNS, action="append", help="run only these comparisons")
-    p.add_argument("--batch-size", type=int, default=8, help="ViT-B/16 inference batch (default 8)")
+    p.add_argument("--batch-sizes", default="1,8,64", help="ViT-B/16 inference batches (default 1,8,64)")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help="of fp32,bf16,int8 (default all)")
     p.add_argument("--train-batch-size", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=5, help="timed rounds at least (default 5)")
-    p.add_argument("--max-repeats", type=int, default=15, help="rounds at most, while intervals are wide (15)")
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds at least (default 3)")
+    p.add_argument("--max-repeats", type=int, default=8, help="rounds at most, while intervals are wide (8)")
     p.add_argument("--target", type=float, default=0.02, help="stop when every 95%% interval is within +-this")
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--digits-run", type=Path, help="int8 accuracy on this digits run (default: train one here)")
-    p.add_argument("--official", type=Path, help="int8 accuracy on this official .npz (default: random ViT-S/16)")
-    p.add_argument("--compile", default="none,default", help="compile modes tried for both sides (comma-separated)")
-    p.add_argument("--force-bf16", action="store_true", help="run bf16 even where it is emulated")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--digits-run", type=Path, help="accuracy on this digits run (default: train one here)")
+    p.add_argument("--official", type=Path, help="accuracy on this official .npz (default: random ViT-S/16)")
+    p.add_argument("--compile", default="none", choices=("none", "default"), help="for every fp32/bf16 row alike")
     p.add_argument("--json", type=Path, help="write every report and the target table here")
     args = p.parse_args(argv)
+    args.max_repeats = max(args.max_repeats, args.repeats)
     tune_cpu_allocator()  # as the vitkit command line does; process-wide, so every implementation gets it
-    device = torch.device(args.device)
-    modes = [m for m in args.compile.split(",") if m != "default" or can_compile(device)]
-    native_bf16 = bf16_is_fast(device) or args.force_bf16
+    cpu = torch.device("cpu")
+    if args.compile != "none" and not can_compile(cpu):
+        raise SystemExit("--compile: torch.compile cannot build CPU kernels here (no C++ compiler)")
+    precisions = [q for q in args.precisions.split(",") if q]
+    if unknown := sorted(set(precisions) - set(PRECISIONS)):
+        raise SystemExit(f"--precisions: {unknown} not among {PRECISIONS}")
+    if "bf16" in precisions and not bf16_is_fast(cpu):
+        log("bf16 is emulated on this CPU (no AMX / AVX512-BF16): the bf16 rows are left out")
+        precisions.remove("bf16")
     extra = {"timm": timm_peer} if importlib.util.find_spec("timm") is not None else {}
-    common = dict(
-        repeats=args.repeats,
-        warmup=args.warmup,
-        device=args.device,
-        max_repeats=max(args.max_repeats, args.repeats),
-        target_half_width=args.target,
-    )
     runs = args.only or list(RUNS)
-    has_onnxruntime = importlib.util.find_spec("onnxruntime") is not None  # its row is shown, not a target
 
     rows: list[tuple[str, str, bool | None]] = []
-    reports: dict[str, dict] = {}
-    for run in runs:
-        if run == "bf16" and not native_bf16:
-            rows.append(("ViT-B/16 bf16 inference", "skipped: bf16 emulated here (--force-bf16)", None))
-            continue
-        print(f"== {run}", file=sys.stderr, flush=True)
-        if run == "int8":
-            if device.type != "cpu":
-                rows.append(("ViT-B/16 int8 inference", "skipped: dynamic int8 runs on the CPU", None))
-                continue
-            text, target_rows, doc = precision_comparison(args, modes, extra, has_onnxruntime)
-            rows += target_rows
+    reports: dict[str, Any] = {}
+    if "precision" in runs:
+        workdir = tempfile.TemporaryDirectory(prefix="vitkit-bench-precision-")
+        # accuracy first: training the digits model changes the thread count, restored before timing
+        log("accuracy: digits run")
+        digits, held_out, digits_label = digits_model(args.digits_run, Path(workdir.name))
+        accuracy = {digits_label: switch_accuracy(digits, held_out, [q for q in precisions if q != "fp32"])}
+        log("accuracy: official-format ViT-S/16")
+        official, images, official_label = official_model(args.official, Path(workdir.name), held_out)
+        accuracy[official_label] = switch_accuracy(official, images, [q for q in precisions if q != "fp32"])
+        workdir.cleanup()
+        print("\n".join(accuracy_lines(accuracy)) + "\n", flush=True)
+        reports["accuracy"] = accuracy
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            print(f"== precision, batch {batch_size}", file=sys.stderr, flush=True)
+            text, target_rows, doc = precision_comparison(args, batch_size, precisions, extra)
             print(text + "\n", flush=True)
-            reports[run] = doc
-            continue
-        if run in ("fp32", "bf16"):
-            with_onnx = run == "fp32" and has_onnxruntime and device.type == "cpu"
-            peers = ("hf", "onnx") if with_onnx else ("hf",)
-            cfg = BenchConfig(model="vit_b16", batch_size=args.batch_size, dtype=run, compare=peers, **common)
-            report = run_bench(cfg, log=log, compile_modes=modes, extra_peers=extra)
-            rows += [(f"ViT-B/16 {run}: {t}", m, ok) for t, m, ok in inference_target(report, *TARGETS[run])]
-        else:
-            dtype = "bf16-autocast" if native_bf16 else "fp32"
+            rows += target_rows
+            reports[f"precision batch {batch_size}"] = doc
+    if "train" in runs:
+        for dtype in ("fp32", "bf16-autocast") if "bf16" in precisions else ("fp32",):
+            print(f"== train {dtype}", file=sys.stderr, flush=True)
             cfg = BenchConfig(
-                model="vit_s16", batch_size=args.train_batch_size, dtype=dtype, mode="train", compare=("hf",), **common
+                model="vit_s16",
+                batch_size=args.train_batch_size,
+                dtype=dtype,
+                mode="train",
+                compare=("hf",),
+                repeats=args.repeats,
+                warmup=args.warmup,
+                device="cpu",
+                max_repeats=args.max_repeats,
+                target_half_width=args.target,
             )
             report = run_bench(cfg, log=log, extra_peers=extra)
-            rows += [(f"ViT-S/16 {dtype}: {t}", m, ok) for t, m, ok in train_target(report, 1.2)]
-        print(report.table() + "\n", flush=True)
-        reports[run] = report.to_dict()
+            print(report.table() + "\n", flush=True)
+            rows += train_targets(report, f"ViT-S/16 train step {dtype}, batch {args.train_batch_size}")
+            reports[f"train {dtype}"] = report.to_dict()
 
     width = max(len(r[0]) for r in rows)
     print(f"{'target':<{width}}  {'measured':<24} met")
@@ -406,9 +430,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-TARGETS = {"fp32": (1.05, 0.85), "bf16": (1.3, 0.70)}  # (speed-up over transformers, utilisation of peak)
-RUNS = ("fp32", "bf16", "int8", "train")
-INT8_TARGET = 1.8  # int8 over the best fp32 peer row
+RUNS = ("precision", "train")
 
 
 if __name__ == "__main__":

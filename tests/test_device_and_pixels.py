@@ -26,6 +26,18 @@ def test_cpu_flags_and_name_are_the_first_processors():
     assert not device.bf16_is_fast(torch.device("meta"))
 
 
+def test_seed_rng_draws_as_torch_manual_seed_on_the_cpu():
+    torch.manual_seed(1234)
+    want = (torch.rand(5), torch.randn(3), torch.randperm(10), torch.empty(6).bernoulli_(0.3))
+    torch.manual_seed(0)
+    device.seed_rng(1234)
+    got = (torch.rand(5), torch.randn(3), torch.randperm(10), torch.empty(6).bernoulli_(0.3))
+    device.seed_rng(1234, torch.device("cpu"))
+    assert torch.equal(torch.rand(5), want[0])
+    for w, g in zip(want, got):
+        assert torch.equal(w, g)
+
+
 def test_autocast_by_precision_name():
     a, b = torch.randn(4, 8), torch.randn(8, 3)
     with device.autocast("cpu", "none"):

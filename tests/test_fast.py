@@ -21,6 +21,7 @@ from vitkit.bench import (
     BenchConfig,
     Measurement,
     find_max_batch,
+    matmul_probe,
     model_flops,
     parse_bytes,
     run_bench,
@@ -115,6 +116,19 @@ def test_paired_ratios_pick_each_best_row_and_cancel_load_changes_between_repeat
     ]
     # per repeat 0.6/0.5, 1.3/1.0, 0.6/0.6 -> median 1.2; a ratio of medians (0.6/0.6) would say 1.0
     assert paired_ratios(rows) == {"hf": pytest.approx(1.2)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_matmul_probe_is_the_product_it_counts(dtype):
+    probe, flops = matmul_probe(dtype, torch.device("cpu"), max_n=256)
+    a, b = probe.args
+    assert a.shape == b.shape == (256, 256) and a.dtype == b.dtype == dtype and flops == 2 * 256**3
+    got = probe()
+    if dtype == torch.int8:  # int8 x int8 summed exactly in int32: the int8 inference ceiling
+        assert got.dtype == torch.int32
+        assert torch.equal(got.long(), a.long() @ b.long())
+    else:
+        torch.testing.assert_close(got.double(), a.double() @ b.double(), atol=0.5, rtol=0.02)
 
 
 def test_parse_bytes():

@@ -66,6 +66,19 @@ def bf16_is_fast(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_has_fast_bf16()
 
 
+def seed_rng(seed: int, device: torch.device | None = None) -> None:
+    """Seed the generators that work on ``device`` draws from: the CPU's and, for a CUDA device, that device's.
+
+    What torch.manual_seed does for the random draws that follow on that device, without its cost where a
+    backend is not initialised: it then records the call for later with a captured stack trace, once each for
+    CUDA, XPU and MTIA, about 80 us a call on a CPU-only machine. Paid per image and per step, that adds up.
+    """
+    torch.default_generator.manual_seed(seed)
+    if device is not None and device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.manual_seed(seed)
+
+
 def autocast(device: torch.device | str, amp: str) -> contextlib.AbstractContextManager[object]:
     """The mixed-precision context for amp (``none``: a no-op, ``bf16`` or ``fp16``: torch.autocast) on device."""
     if amp == "none":

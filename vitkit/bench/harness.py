@@ -172,14 +172,20 @@ class BenchReport:
 def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 4096) -> tuple[Callable[[], Any], int]:
     """A large square matmul in this dtype and its FLOPs: the ceiling utilisation is measured against.
 
-    The size doubles from 256 while one product takes under 0.1 s, so emulated dtypes stay affordable. The
-    harness times the probe in turn with the models, so a busy machine slows the ceiling as much as them.
+    torch.int8 is the int8 x int8 -> int32 product (torch._int_mm: VNNI / AMX on CPUs, tensor cores on CUDA), the
+    ceiling of int8 inference. The size doubles from 256 while one product takes under 0.1 s, so emulated dtypes
+    stay affordable. The harness times the probe in turn with the models, so a busy machine slows the ceiling as
+    much as them.
     """
     n = 256
     while True:
-        a = torch.randn(n, n, device=device).to(dtype)
-        b = torch.randn(n, n, device=device).to(dtype)
-        probe = functools.partial(torch.matmul, a, b)
+        if dtype == torch.int8:
+            a, b = (torch.randint(-128, 128, (n, n), dtype=torch.int8, device=device) for _ in range(2))
+            probe = functools.partial(torch._int_mm, a, b)
+        else:
+            a = torch.randn(n, n, device=device).to(dtype)
+            b = torch.randn(n, n, device=device).to(dtype)
+            probe = functools.partial(torch.matmul, a, b)
         if _time(probe, device) > 0.1 or n >= max_n:
             return probe, 2 * n**3
         n *= 2

@@ -45,7 +45,7 @@ from ..checkpoint.loader import Checkpoint
 from ..checkpoint.native import save_pretrained
 from ..data import DatasetInfo, TensorImageDataset, WebDatasetStream, build_datasets
 from ..data.augment import build_augment
-from ..device import autocast, bf16_is_fast
+from ..device import autocast, bf16_is_fast, seed_rng
 from ..errors import ConfigError, UserError, UserFileNotFoundError
 from ..evaluate.loop import batches, evaluating
 from ..io import DirectoryLock, atomic_write_text, remove_stale_temp_files
@@ -545,7 +545,7 @@ class Trainer:
                     perm = plan.permutation(epoch)
                 for micro in range(plan.accum_steps):
                     idx = plan.global_micro_batch(step, micro, perm)
-                    torch.manual_seed(mix_seed(seed, step, micro, 0xA06))  # the same on every rank
+                    seed_rng(mix_seed(seed, step, micro, 0xA06))  # CPU tensors; the same on every rank
                     yield ds.augment_batch(ds.images[idx])[rows], ds.labels[idx][rows]
             return
         if isinstance(ds, WebDatasetStream):  # shards: the stream follows the same plan (vitkit.data.wds)
@@ -581,9 +581,9 @@ class Trainer:
             x, y = next(batches)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             if self.augment.enabled:  # RandAugment, mixup / cutmix: on the device, from the seeded global RNG
-                torch.manual_seed(mix_seed(cfg.run.seed, step, micro, self.dist.rank, 0xA06B))
+                seed_rng(mix_seed(cfg.run.seed, step, micro, self.dist.rank, 0xA06B), self.device)
                 x, y = self.augment(x, y)
-            torch.manual_seed(mix_seed(cfg.run.seed, step, micro, self.dist.rank, 0xD0))  # dropout
+            seed_rng(mix_seed(cfg.run.seed, step, micro, self.dist.rank, 0xD0), self.device)  # dropout
             last = micro == accum - 1
             sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
             with sync:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch.utils.data import Dataset
 
+from ..device import seed_rng
 from ..errors import UserError
 
 
@@ -101,7 +102,8 @@ class SeededBatches:
 
 
 class SeededItems(Dataset):
-    """Wraps a dataset so that item (index, seed) runs its random transform from torch.manual_seed(seed)."""
+    """Wraps a dataset so that item (index, seed) runs its random transform from the CPU generator seeded with
+    seed (transforms draw on the CPU, in the loader's processes)."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
@@ -111,5 +113,5 @@ class SeededItems(Dataset):
 
     def __getitem__(self, key: tuple[int, int]):
         index, seed = key
-        torch.manual_seed(seed)
+        seed_rng(seed)
         return self.dataset[index]

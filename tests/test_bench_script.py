@@ -1,0 +1,66 @@
+"""benchmarks/bench_vit.py's equal-precision comparison on a tiny ViT: every library under the same switch, the
+peak of each precision timed beside them, a target row per precision. Nothing is timed against a threshold."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from vitkit.bench import vit_flops
+from vitkit.models import create_model
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vit.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("bench_vit", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_vit"] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules["bench_vit"]
+
+
+def test_peer_switches_are_the_documented_ones(bench):
+    torch.manual_seed(0)
+    model = create_model("vit_ti16", img_size=32, depth=2, num_classes=5).eval()
+    nn.init.normal_(model.head.weight, std=0.02)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        int8 = bench.peer_switch(model, "int8", "none")
+        assert not any(type(m) is nn.Linear for m in int8.modules())  # every Linear quantised
+        assert all(p.dtype == torch.float32 for p in model.parameters())  # the peer itself left as it was
+        torch.testing.assert_close(int8(x), want, atol=0.05, rtol=0)
+        bf16 = bench.peer_switch(model, "bf16", "none")
+        got = bf16(x)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0)
+        torch.testing.assert_close(bench.peer_switch(model, "fp32", "none")(x), want)
+
+
+def test_precision_comparison_times_each_precision_against_its_own_peak(bench):
+    args = argparse.Namespace(compile="none", repeats=1, max_repeats=1, warmup=0, target=0.02)
+    text, targets, doc = bench.precision_comparison(
+        args, 2, ["fp32", "int8"], {}, "vit_ti16", img_size=32, depth=2, num_classes=10
+    )
+    assert set(doc["rows"]) == {"fp32 vitkit", "fp32 transformers", "int8 vitkit", "int8 transformers"}
+    assert set(doc["peaks_g_per_s"]) == {"fp32", "int8"} and all(v > 0 for v in doc["peaks_g_per_s"].values())
+    config = create_model("vit_ti16", img_size=32, depth=2, num_classes=10).config
+    executed = {True: vit_flops(config, logits_path=True)["total"], False: vit_flops(config)["total"]}
+    assert executed[True] < executed[False]  # vitkit's last block computes the class token alone
+    for name, row in doc["rows"].items():
+        p, impl = name.split()
+        # each row against the peak of its own precision, with the FLOPs that implementation executes
+        want = row["images_per_s"] * executed[impl == "vitkit"] / 1e9 / doc["peaks_g_per_s"][p]
+        assert row["utilisation"] == pytest.approx(want, rel=1e-9), name
+        assert (row["ratio"] is None) == (impl == "vitkit"), name
+    assert [t[0].split(":")[0] for t in targets] == ["batch 2 fp32"] * 2 + ["batch 2 int8"] * 2
+    assert "int8 matmul peak" not in doc["rows"] and "fp32 transformers" in text
