@@ -279,7 +279,8 @@ def precision_comparison(
     rounds = len(times["fp32 vitkit"])
 
     lines = [
-        f"{model_name} inference, batch {batch_size}, {size} px, {torch.get_num_threads()} threads, "
+        f"{'ViT-B/16' if model_name == 'vit_b16' and not overrides else model_name} inference, batch {batch_size}, "
+        f"{size} px, {torch.get_num_threads()} threads, "
         f"compile {args.compile}, "
         f"{rounds} rounds alternating",
         "matmul peaks timed in the same rounds: "
