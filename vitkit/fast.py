@@ -154,8 +154,10 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         raise UserError("int8: dynamic quantisation runs on the CPU only; move the model with .cpu() first")
     # torch.ao.quantization.quantize_dynamic is deprecated in favour of torchao, a separate package; within torch
     # itself it is still the only public route to the fbgemm/x86 dynamic int8 linear kernels, which measure ~3x
-    # fp32 on ViT-B/16's matmuls where torch._int_mm, the non-deprecated int8 matmul, is slower than fp32 on the
-    # CPU. Its deprecation warnings are silenced for this call only.
+    # fp32 on ViT-B/16's matmuls. torch._int_mm, the non-deprecated int8 matmul, was slower than fp32 on an AVX2
+    # CPU; with VNNI it multiplies at least as fast as these kernels (it is the benchmark's int8 peak), but
+    # quantising the activations around it in separate eager ops gained nothing end to end over them. Its
+    # deprecation warnings are silenced for this call only.
     frozen = copy.deepcopy(model).eval().requires_grad_(False)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|quantized tensor).*deprecated")
