@@ -220,15 +220,15 @@ def precision_rows(
     return steps
 
 
-def check_rows(steps: dict[str, Callable[[], Any]], precisions: list[str]) -> None:
+def check_rows(steps: dict[str, Callable[[], Any]], ref: torch.Tensor) -> None:
     """Rows of one precision compute the same thing: within the precision's tolerance of that precision's vitkit
-    row (int8: each library quantises in its own way, so only the fp32 reference bounds it, loosely)."""
-    ref = torch.as_tensor(steps["fp32 vitkit"]()).float()
+    row (fp32: of ref, the fp32 model's output; int8: each library quantises in its own way, so only ref bounds
+    it, loosely)."""
     scale = max(1.0, float(ref.abs().max()))
     tol = {"fp32": 1e-4, "bf16": 5e-2, "int8": 0.25}
     for name, step in steps.items():
         p = name.split()[0]
-        base = ref if p == "int8" else torch.as_tensor(steps[f"{p} vitkit"]()).float()
+        base = ref if p in ("fp32", "int8") else torch.as_tensor(steps[f"{p} vitkit"]()).float()
         err = float((torch.as_tensor(step()).float() - base).abs().max()) / scale
         log(f"{name}: max |diff| vs vitkit {'fp32' if p == 'int8' else p} {err:.2e} (tolerance {tol[p]:g})")
         if err > tol[p]:
@@ -255,8 +255,10 @@ def precision_comparison(
     torch.manual_seed(1)
     x = torch.randn(batch_size, model.config.in_chans, *model.config.img_size)
     peers = {"transformers": hf_peer(model), **{PEER_NAMES.get(k, k): build(model) for k, build in extra.items()}}
+    with torch.no_grad():
+        ref = model(x).float()
     steps = precision_rows(model, peers, precisions, args.compile, x)
-    check_rows(steps, precisions)
+    check_rows(steps, ref)
     probes = {}
     for p in precisions:
         probe, probe_flops = matmul_probe(PEAK_DTYPES[p], torch.device("cpu"))
@@ -276,7 +278,7 @@ def precision_comparison(
     )
     notes = load_warnings(load_before, load_average(), torch.get_num_threads())
     peaks = {p: probes[f"{p} matmul peak"][1] / statistics.median(times[f"{p} matmul peak"]) / 1e9 for p in precisions}
-    rounds = len(times["fp32 vitkit"])
+    rounds = len(times[f"{precisions[0]} vitkit"])
 
     lines = [
         f"{'ViT-B/16' if model_name == 'vit_b16' and not overrides else model_name} inference, batch {batch_size}, "

@@ -64,3 +64,10 @@ def test_precision_comparison_times_each_precision_against_its_own_peak(bench):
         assert (row["ratio"] is None) == (impl == "vitkit"), name
     assert [t[0].split(":")[0] for t in targets] == ["batch 2 fp32"] * 2 + ["batch 2 int8"] * 2
     assert "int8 matmul peak" not in doc["rows"] and "fp32 transformers" in text
+
+
+def test_precision_comparison_without_an_fp32_row_checks_against_the_fp32_model(bench):
+    args = argparse.Namespace(compile="none", repeats=1, max_repeats=1, warmup=0, target=0.02)
+    _, targets, doc = bench.precision_comparison(args, 1, ["int8"], {}, "vit_ti16", img_size=32, depth=1)
+    assert set(doc["rows"]) == {"int8 vitkit", "int8 transformers"} and set(doc["peaks_g_per_s"]) == {"int8"}
+    assert len(targets) == 2
