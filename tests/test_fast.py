@@ -131,19 +131,6 @@ def test_matmul_probe_is_the_product_it_counts(dtype):
         torch.testing.assert_close(got.double(), a.double() @ b.double(), atol=0.5, rtol=0.02)
 
 
-def test_matmul_probe_takes_the_fastest_size_long_enough_to_time(monkeypatch):
-    from vitkit.bench import harness
-
-    seconds = {256: 1e-4, 512: 0.004, 1024: 0.012, 2048: 0.11}  # 2048 is slower per FLOP, 512 too short to time
-    monkeypatch.setattr(harness, "_time", lambda fn, device: seconds[fn.args[0].shape[0]])
-    probe, flops = matmul_probe(torch.float32, torch.device("cpu"))
-    assert probe.args[0].shape == (1024, 1024) and flops == 2 * 1024**3
-    seconds[2048] = 0.09  # now faster than 1024, and the sizes go on to 4096, which is slower
-    seconds[4096] = 1.0
-    probe, flops = matmul_probe(torch.float32, torch.device("cpu"))
-    assert probe.args[0].shape == (2048, 2048) and flops == 2 * 2048**3
-
-
 def test_parse_bytes():
     assert parse_bytes("8GB") == 8 * 2**30
     assert parse_bytes("512MiB") == 512 * 2**20

@@ -51,7 +51,6 @@ MODES = ("infer", "train")
 PEERS = ("hf", "onnx")
 PROBE = "matmul peak"
 SETTLE_S = 0.2  # idle time between timed calls, see time_alternating
-PROBE_MIN_S = 0.01  # the shortest matmul probe, see matmul_probe
 RATIO_FIELDS = ("median", "low", "high", "q1", "q3", "n", "confidence")
 PARITY_TOL = {"fp32": 1e-4, "bf16-autocast": 5e-2, "bf16": 5e-2}  # max |a - b| / max(1, max |ref|)
 
@@ -171,16 +170,13 @@ class BenchReport:
 
 # ------------------------------------------------------------------------------------------------------- peak
 def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 4096) -> tuple[Callable[[], Any], int]:
-    """A square matmul in this dtype and its FLOPs: the ceiling utilisation is measured against.
+    """A large square matmul in this dtype and its FLOPs: the ceiling utilisation is measured against.
 
     torch.int8 is the int8 x int8 -> int32 product (torch._int_mm: VNNI / AMX on CPUs, tensor cores on CUDA), the
-    ceiling of int8 inference. Sizes double from 256 until one product takes over 0.1 s (or max_n), so emulated
-    dtypes stay affordable, and the probe is the fastest of them (each timed best of three) among those taking at
-    least PROBE_MIN_S, long enough that waking the thread pool does not count: a library's rate can peak below
-    the largest size (fp32 on 2 AVX512 cores: higher at 1024 than at 2048). The harness times the probe in turn
-    with the models, so a busy machine slows the ceiling as much as them.
+    ceiling of int8 inference. The size doubles from 256 while one product takes under 0.1 s, so emulated dtypes
+    stay affordable. The harness times the probe in turn with the models, so a busy machine slows the ceiling as
+    much as them.
     """
-    best: tuple[float, Callable[[], Any], int] | None = None
     n = 256
     while True:
         if dtype == torch.int8:
@@ -190,11 +186,8 @@ def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 4096) ->
             a = torch.randn(n, n, device=device).to(dtype)
             b = torch.randn(n, n, device=device).to(dtype)
             probe = functools.partial(torch.matmul, a, b)
-        seconds = min(_time(probe, device) for _ in range(3))
-        if seconds >= PROBE_MIN_S and (best is None or 2 * n**3 / seconds > best[0]):
-            best = (2 * n**3 / seconds, probe, 2 * n**3)
-        if seconds > 0.1 or n >= max_n:
-            return (probe, 2 * n**3) if best is None else (best[1], best[2])
+        if _time(probe, device) > 0.1 or n >= max_n:
+            return probe, 2 * n**3
         n *= 2
 
 
