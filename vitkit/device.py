@@ -67,11 +67,11 @@ def bf16_is_fast(device: torch.device) -> bool:
 
 
 def seed_rng(seed: int, device: torch.device | None = None) -> None:
-    """Seed the generators that work on ``device`` draws from: the CPU's and, for a CUDA device, that device's.
+    """Seed the generators that random draws for work on ``device`` use: the CPU's and, for a CUDA device, its own.
 
-    What torch.manual_seed does for the random draws that follow on that device, without its cost where a
-    backend is not initialised: it then records the call for later with a captured stack trace, once each for
-    CUDA, XPU and MTIA, about 80 us a call on a CPU-only machine. Paid per image and per step, that adds up.
+    For those draws this does what torch.manual_seed does, without its cost where a backend is not initialised:
+    torch.manual_seed then records the call for later with a captured stack trace, once each for CUDA, XPU and
+    MTIA, about 80 us a call on a CPU-only machine. Paid per image and per step, that adds up.
     """
     torch.default_generator.manual_seed(seed)
     if device is not None and device.type == "cuda":
