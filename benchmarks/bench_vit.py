@@ -54,6 +54,7 @@ from vitkit.bench import (
     settled,
     time_alternating,
 )
+from vitkit.bench.harness import PARITY_TOL
 from vitkit.checkpoint.timm import timm_kwargs, vitkit_to_timm
 from vitkit.device import bf16_is_fast
 from vitkit.fast import can_compile, compile_for_inference, optimize_for_inference, tune_cpu_allocator
@@ -225,7 +226,7 @@ def check_rows(steps: dict[str, Callable[[], Any]], ref: torch.Tensor) -> None:
     row (fp32: of ref, the fp32 model's output; int8: each library quantises in its own way, so only ref bounds
     it, loosely)."""
     scale = max(1.0, float(ref.abs().max()))
-    tol = {"fp32": 1e-4, "bf16": 5e-2, "int8": 0.25}
+    tol = {"fp32": PARITY_TOL["fp32"], "bf16": PARITY_TOL["bf16"], "int8": 0.25}
     for name, step in steps.items():
         p = name.split()[0]
         base = ref if p in ("fp32", "int8") else torch.as_tensor(steps[f"{p} vitkit"]()).float()
