@@ -29,7 +29,41 @@ def agreement(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.argmax(-1) == b.argmax(-1)).float().mean())
 
 
-def test_int8_agrees_with_fp32_and_leaves_the_model_untouched():
+def int8_reference(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The per-token int8 linear written out in float64: symmetric int8 weights per output channel, symmetric int8
+    activations per token, an exact integer product, rescaled, plus the bias."""
+    w, b, x = linear.weight.double(), linear.bias.double(), x.double().reshape(-1, linear.in_features)
+    ws = w.abs().amax(1) / 127
+    xs = x.abs().amax(1, keepdim=True) / 127
+    xs = torch.where(xs > 0, xs, 1.0)  # an all-zero token quantises to zeros at any scale
+    wq, xq = torch.round(w / ws[:, None]), torch.round(x / xs)
+    assert wq.abs().max() <= 127 and xq.abs().max() <= 127
+    return (xq @ wq.T) * xs * ws + b
+
+
+def test_int8_linear_is_per_token_int8_with_an_exact_integer_product():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(48, 24)
+    x = torch.randn(2, 7, 48) * torch.logspace(-2, 1, 7)[:, None]  # tokens of very different ranges
+    x[1, 3] = 0  # an all-zero token: scale clamped, output is the bias
+    q = fast_mod.Int8Linear(linear)
+    assert q.weight_t.dtype == torch.int8 and q.weight_t.shape == (48, 24) and q.weight_t.is_contiguous()
+    with torch.no_grad():
+        got = q(x)
+    assert got.shape == (2, 7, 24) and got.dtype == torch.float32
+    want = int8_reference(linear, x).reshape(2, 7, 24)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1, 3], linear.bias.detach())
+    # per-token scales: the small tokens keep their relative precision (a per-tensor scale would zero them)
+    with torch.no_grad():
+        exact = linear(x)
+    small = (got[:, 0] - exact[:, 0]).abs().max() / (exact[:, 0] - linear.bias).abs().max()
+    assert small < 0.05
+
+
+@pytest.mark.parametrize("kernel", ["int_mm", "fbgemm"])
+def test_int8_agrees_with_fp32_and_leaves_the_model_untouched(monkeypatch, kernel):
+    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: kernel == "int_mm")
     model = tiny_vit().train()
     config = model.config
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -44,10 +78,13 @@ def test_int8_agrees_with_fp32_and_leaves_the_model_untouched():
     assert all(p.requires_grad for p in model.parameters())
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
     assert type(model.blocks[0].attn.qkv) is torch.nn.Linear
-    # the copy: every Linear quantised, int8 weights per output channel
+    # the copy: every Linear in int8, int8 weights per output channel
     qkv = fast.model.blocks[0].attn.qkv
     assert not any(type(m) is torch.nn.Linear for m in fast.model.modules())
-    assert qkv.weight().dtype == torch.qint8 and qkv.weight().qscheme() == torch.per_channel_affine
+    if kernel == "int_mm":
+        assert isinstance(qkv, fast_mod.Int8Linear) and qkv.weight_scale.shape == (qkv.out_features,)
+    else:
+        assert qkv.weight().dtype == torch.qint8 and qkv.weight().qscheme() == torch.per_channel_affine
     assert fast.precision == "int8" and fast.dtype == torch.float32 and not fast.model.training
 
     got = fast(x)
@@ -56,13 +93,38 @@ def test_int8_agrees_with_fp32_and_leaves_the_model_untouched():
     assert agreement(got, want) >= 0.95
 
 
-def test_int8_with_a_compile_request_runs_eagerly_with_a_warning():
-    with pytest.warns(UserWarning, match="int8: torch.compile does not trace"):
+def test_per_token_int8_is_closer_to_fp32_than_fbgemms_per_tensor_seven_bits():
+    model = tiny_vit()
+    x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = model(x)
+        err = {k: float((fast_mod.quantize_int8(model, k)(x) - want).abs().mean()) for k in ("int_mm", "fbgemm")}
+    assert err["int_mm"] < 0.75 * err["fbgemm"]
+
+
+def test_int8_compiles_where_the_cpu_has_vnni_and_runs_eagerly_elsewhere(monkeypatch):
+    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: False)
+    with pytest.warns(UserWarning, match="without VNNI: torch.compile does not trace"):
         fast = optimize_for_inference(tiny_vit(), precision="int8", compile=True)
     assert fast.compile_mode == "none"
     with warnings.catch_warnings():
-        warnings.simplefilter("error")  # "auto" chooses eager for int8 without a word
+        warnings.simplefilter("error")  # "auto" chooses eager for fbgemm's int8 without a word
         assert optimize_for_inference(tiny_vit(), precision="int8").compile_mode == "none"
+    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: True)
+    want = "default" if fast_mod.can_compile(torch.device("cpu")) else "none"
+    assert optimize_for_inference(tiny_vit(), precision="int8").compile_mode == want
+
+
+@pytest.mark.skipif(not fast_mod.can_compile(torch.device("cpu")), reason="inductor needs a C++ compiler")
+def test_compiled_int8_computes_what_the_eager_layers_compute(monkeypatch):
+    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: True)
+    model = tiny_vit()
+    eager = optimize_for_inference(model, precision="int8", compile="none")
+    compiled = optimize_for_inference(model, precision="int8", compile="default")
+    assert compiled.compile_mode == "default"
+    for n in (5, 2):  # a second batch size: recompiled for its shape, same results
+        x = torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n))
+        torch.testing.assert_close(compiled(x), eager(x), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("native", [True, False])

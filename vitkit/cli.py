@@ -311,7 +311,7 @@ def add_predict(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--int8",
         action="store_true",
-        help="CPU: Linear layers dynamically quantised to int8 (implies --fast; slightly different probabilities)",
+        help="CPU: Linear layers in int8 (implies --fast; slightly different probabilities)",
     )
 
 

@@ -55,7 +55,7 @@ def export_onnx(
 
     The file is written atomically (an interrupted export or a full disk leaves no partial file under the
     name), and an existing file is replaced only with ``force``. ``int8``: the fp32 graph is then dynamically
-    quantised by onnxruntime (quantize_int8_onnx), as vitkit.fast's int8 path quantises the Linear layers.
+    quantised by onnxruntime (quantize_int8_onnx): its MatMul weights int8, as vitkit.fast's int8 path has them.
     """
     config = config_of(model)
     size = config.img_size if img_size is None else img_size
@@ -109,7 +109,8 @@ def quantize_int8_onnx(src: str | Path, dst: str | Path) -> None:
     """onnxruntime's dynamic quantisation of an fp32 graph: MatMul/Gemm weights int8 per output channel,
     activations quantised to uint8 at run time from their range, integer accumulation.
 
-    Only the matmuls are quantised (the patch-embedding convolution stays fp32), as in vitkit.fast's int8 path.
+    Only the matmuls are quantised (the patch-embedding convolution stays fp32), as in vitkit.fast's int8 path,
+    whose activations are quantised per token rather than per tensor.
     """
     onnx = _require("onnx")
     _require("onnxruntime")

@@ -9,11 +9,12 @@ What the switch adds, and why each step pays (measured with ``vitkit bench``):
 - bf16 weights where the hardware runs bf16 matmuls natively (CUDA with bf16, CPUs with AMX or AVX512-BF16):
   half the memory traffic and several times the matmul rate. Elsewhere bf16 is emulated and slower than fp32,
   so the model stays fp32 with a warning.
-- int8 on request (``precision="int8"``, CPU): every nn.Linear dynamically quantised, weights int8 per output
-  channel, activations quantised per call from their own range, accumulation in int32 (fbgemm/x86 kernels with
-  VNNI or AVX2). ViT-B/16 spends ~95% of its FLOPs in those matmuls, which run ~3x faster than fp32; the patch
-  embedding, norms, softmax and GELU stay fp32. It changes the numerics more than bf16 does, so "auto" never
-  picks it: the benchmark prints its top-1 agreement with fp32 beside its speed.
+- int8 on request (``precision="int8"``, CPU): every nn.Linear in int8, weights per output channel, activations
+  per token, quantised at each call, products summed in int32 (Int8Linear; on CPUs without VNNI, fbgemm's
+  dynamic kernels instead). ViT-B/16 spends ~95% of its FLOPs in those matmuls, which run ~4x faster than fp32;
+  the patch embedding, norms, attention and GELU stay fp32. Int8Linear is plain tensor ops around one int8
+  matmul, so torch.compile fuses each layer's quantisation and rescale into its neighbours. It changes the
+  numerics more than bf16 does, so "auto" never picks it: the benchmark prints its top-1 agreement with fp32.
 - the fused attention kernel (SDPA) rather than the explicit softmax(q k^T) v.
 - freed memory kept for reuse (tune_cpu_allocator, on the CPU): activations of tens of MB otherwise come from
   fresh pages that the kernel faults in and zero-fills on every call.
@@ -27,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
+import functools
 import os
 import shutil
 import sys
@@ -122,50 +124,112 @@ def compile_for_inference(fn: Callable[..., Any], mode: str = "default") -> Call
     return run
 
 
-def _full_range_linear_class() -> type[nn.Module]:
-    from torch.ao.nn.quantized.dynamic import Linear as DynamicLinear
-
-    class FullRangeDynamicLinear(DynamicLinear):
-        """torch's dynamic int8 Linear with activations over all 256 levels instead of 128.
-
-        The stock module halves the activation range because AVX2's u8 x s8 multiply-add saturates at int16; with
-        VNNI the products accumulate in int32, and the full range halves the activation rounding error (on the
-        benchmark's digits run: 4 of 360 held-out predictions changed by int8 with the half range, 3 with the full).
-        """
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            y = torch.ops.quantized.linear_dynamic(x, self._packed_params._packed_params, reduce_range=False)
-            return y.to(x.dtype)
-
-    return FullRangeDynamicLinear
+INT8_KERNELS = ("auto", "int_mm", "fbgemm")
+_EPS = float(torch.finfo(torch.float32).tiny)
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """A copy of an fp32 model whose nn.Linear layers are dynamically quantised to int8; the model is untouched.
+@functools.cache
+def _register_int8_mm() -> None:
+    """torch._int_mm (int8 x int8 summed in int32) as the custom op ``vitkit::int8_mm``.
 
-    Weights are int8 per output channel (symmetric); activations are quantised per call from their min/max and the
-    int32 products are rescaled to fp32. Other layers keep their fp32 weights (shared copies, not the originals).
+    Inductor lowers aten._int_mm on the CPU to a loop nest of its own, which ran ViT-B/16's first block at
+    0.27 img/s against 350 eagerly (batch 8, 2 AVX512-VNNI cores). Behind an opaque op the matmul stays the
+    library kernel, while inductor still fuses the activation quantisation before it and the rescale after it.
+    Registered by the first Int8Linear built, once per process; called as torch.ops.vitkit.int8_mm.
     """
-    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
+    @torch.library.custom_op("vitkit::int8_mm", mutates_args=())
+    def int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch._int_mm(a, b)
+
+    @int8_mm.register_fake
+    def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
+
+
+class Int8Linear(nn.Module):
+    """An nn.Linear for inference in int8: ``y = (q(x) @ q(W)^T) * s_x * s_w + b``.
+
+    Weights are symmetric int8 per output channel, ``s_w = max|W_o,:| / 127``. Activations are symmetric int8 per
+    token (per row of the input flattened to 2-D), ``s_x = max|x_t| / 127``, computed at each call, so that a
+    token's rounding error follows its own range and not the largest in the batch. The products sum exactly in
+    int32 (torch._int_mm: oneDNN's VNNI kernels on x86) and are rescaled to fp32, then the bias is added. Written
+    in plain tensor ops, so torch.compile fuses the quantisation into the op before it (LayerNorm, GELU) and the
+    rescale into the op after it.
+    """
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        _register_int8_mm()
+        w = linear.weight.detach().float()
+        scale = w.abs().amax(1).clamp_min(_EPS) / 127
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.weight_t: torch.Tensor  # (in, out) int8, the layout torch._int_mm multiplies by
+        self.register_buffer("weight_t", (w / scale[:, None]).round().to(torch.int8).t().contiguous())
+        self.weight_scale: torch.Tensor
+        self.register_buffer("weight_scale", scale)
+        self.bias: torch.Tensor | None
+        self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        scale = rows.abs().amax(1, keepdim=True).clamp_min(_EPS) / 127  # (tokens, 1)
+        y = (
+            torch.ops.vitkit.int8_mm((rows / scale).round().to(torch.int8), self.weight_t).float()
+            * scale
+            * self.weight_scale
+        )
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def int8_kernel(kernel: str = "auto") -> str:
+    """The int8 path for this CPU: "int_mm" (Int8Linear) with 8-bit dot-product instructions, else "fbgemm".
+
+    Without VNNI, torch._int_mm multiplied slower than fp32 (2 AVX2 cores), while fbgemm's dynamic kernels
+    multiply unsigned by signed bytes (vpmaddubsw) at about three times fp32.
+    """
+    if kernel not in INT8_KERNELS:
+        raise UserError(f"int8 kernel {kernel!r}: expected one of {INT8_KERNELS}")
+    if kernel == "auto":
+        return "int_mm" if cpu_has_vnni() else "fbgemm"
+    return kernel
+
+
+def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
+    """A frozen copy of an fp32 model whose nn.Linear layers run in int8; the model is untouched.
+
+    ``kernel`` "int_mm" (the default where the CPU has VNNI): every nn.Linear becomes an Int8Linear, with
+    per-token activation scales, which torch.compile fuses. "fbgemm" (the default elsewhere): torch's dynamic
+    quantisation, weights int8 per output channel, activations quantised per call from the whole input's min/max
+    to 7 bits (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run eagerly (torch.compile cannot trace it).
+    Other layers keep their fp32 weights (copies, not the originals).
+    """
+    kernel = int8_kernel(kernel)
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise UserError("int8: quantise an fp32 model (this one has other parameter dtypes)")
     if any(p.device.type != "cpu" for p in model.parameters()):
-        raise UserError("int8: dynamic quantisation runs on the CPU only; move the model with .cpu() first")
-    # torch.ao.quantization.quantize_dynamic is deprecated in favour of torchao, a separate package; within torch
-    # itself it is still the only public route to the fbgemm/x86 dynamic int8 linear kernels, which measure ~3x
-    # fp32 on ViT-B/16's matmuls. torch._int_mm, the non-deprecated int8 matmul, was slower than fp32 on an AVX2
-    # CPU; with VNNI it multiplies at least as fast as these kernels (it is the benchmark's int8 peak), but
-    # quantising the activations around it in separate eager ops gained nothing end to end over them. Its
-    # deprecation warnings are silenced for this call only.
+        raise UserError("int8: the int8 kernels run on the CPU only; move the model with .cpu() first")
     frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    if kernel == "int_mm":
+        for parent in list(frozen.modules()):
+            for name, child in parent.named_children():
+                if type(child) is nn.Linear:
+                    setattr(parent, name, Int8Linear(child))
+        return frozen
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    # torch.ao.quantization.quantize_dynamic is deprecated in favour of torchao, a separate package; within torch
+    # itself it is still the only public route to fbgemm's dynamic int8 linear kernels. Its deprecation warnings
+    # are silenced for this call only.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|quantized tensor).*deprecated")
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_\w+.* are deprecated", category=UserWarning)
-        mapping = {nn.Linear: _full_range_linear_class()} if cpu_has_vnni() else None
-        return quantize_dynamic(
-            frozen, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, mapping=mapping, inplace=True
-        )
+        return quantize_dynamic(frozen, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
 
 
 class InferenceModel(nn.Module):
@@ -237,15 +301,16 @@ def optimize_for_inference(
     On the CPU this also calls tune_cpu_allocator(), which is process-wide.
 
     ``precision``: "auto" (default: bf16 where native, else fp32), "fp32", "bf16" (fp32 with a warning where bf16
-    is emulated) or "int8" (CPU: Linear layers dynamically quantised, see quantize_int8). ``dtype`` is the older
+    is emulated) or "int8" (CPU: Linear layers in int8, see quantize_int8). ``dtype`` is the older
     spelling of fp32 / bf16 and still accepted. ``compile``: "auto" (compile wherever inductor can build kernels),
     "none"/False, "default", "max-autotune" (slow to compile, sometimes faster on CUDA), True = "default".
 
     fp32 and bf16 convert the model in place (like ``model.to``: eval mode, frozen, cast) and wrap it; int8
     quantises a copy and leaves the model as it was, since its quantised layers could not be trained or saved as
     the original. The config is never changed. Outputs come back in the input's dtype and match the fp32 model
-    within the precision's tolerance. int8 runs eagerly: torch.compile does not trace its quantised layers, so
-    an explicit compile request falls back with a warning. With compilation the first call, and the first at each
+    within the precision's tolerance. int8 compiles like the others where the CPU has VNNI; elsewhere its layers
+    are fbgemm's, which torch.compile does not trace, so it runs eagerly and an explicit compile request falls
+    back with a warning. With compilation the first call, and the first at each
     new input shape, compiles: seconds on CUDA, up to a few minutes for ViT-B on a small CPU.
     """
     if dtype is not None:
@@ -259,13 +324,15 @@ def optimize_for_inference(
         compile = "default"
     elif compile is False:
         compile = "none"
-    elif compile == "auto":
-        compile = "default" if can_compile(device) and precision != "int8" else "none"
+    traceable = precision != "int8" or int8_kernel() == "int_mm"
+    if compile == "auto":
+        compile = "default" if can_compile(device) and traceable else "none"
     elif compile not in COMPILE_MODES:
         raise UserError(f"compile={compile!r}: expected 'auto', True/False or one of {COMPILE_MODES}")
-    if precision == "int8" and compile != "none":
+    if not traceable and compile != "none":
         warnings.warn(
-            f"compile={compile!r} with int8: torch.compile does not trace the quantised layers; running eagerly",
+            f"compile={compile!r} with int8 on a CPU without VNNI: torch.compile does not trace fbgemm's quantised "
+            "layers; running eagerly",
             stacklevel=2,
         )
         compile = "none"
