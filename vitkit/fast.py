@@ -155,7 +155,8 @@ class Int8Linear(nn.Module):
     token's rounding error follows its own range and not the largest in the batch. The products sum exactly in
     int32 (torch._int_mm: oneDNN's VNNI kernels on x86) and are rescaled to fp32, then the bias is added. Written
     in plain tensor ops, so torch.compile fuses the quantisation into the op before it (LayerNorm, GELU) and the
-    rescale into the op after it.
+    rescale into the op after it: ViT-B/16 at batch 8 on 2 VNNI cores ran at 1.14-1.22x fbgemm's dynamic int8
+    compiled, and at 0.95-0.97x eagerly, where each of those ops is a pass over the activations.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
