@@ -289,6 +289,16 @@ def resolve_precision(precision: str | torch.dtype, device: torch.device, warn: 
     return precision
 
 
+def _traceable(precision: str) -> bool:
+    """Whether torch.compile can trace the model of a resolved precision (not fbgemm's int8 layers)."""
+    return precision != "int8" or int8_kernel() == "int_mm"
+
+
+def auto_compile_mode(precision: str, device: torch.device) -> str:
+    """What optimize_for_inference's compile="auto" means for a resolved precision on a device."""
+    return "default" if can_compile(device) and _traceable(precision) else "none"
+
+
 def optimize_for_inference(
     model: nn.Module,
     precision: str | torch.dtype = "auto",
@@ -325,12 +335,11 @@ def optimize_for_inference(
         compile = "default"
     elif compile is False:
         compile = "none"
-    traceable = precision != "int8" or int8_kernel() == "int_mm"
     if compile == "auto":
-        compile = "default" if can_compile(device) and traceable else "none"
+        compile = auto_compile_mode(precision, device)
     elif compile not in COMPILE_MODES:
         raise UserError(f"compile={compile!r}: expected 'auto', True/False or one of {COMPILE_MODES}")
-    if not traceable and compile != "none":
+    if not _traceable(precision) and compile != "none":
         warnings.warn(
             f"compile={compile!r} with int8 on a CPU without VNNI: torch.compile does not trace fbgemm's quantised "
             "layers; running eagerly",
