@@ -8,7 +8,7 @@ source: 458 steps of 32, 4 an epoch, a warmup of 23, cosine decay) with the pape
 SGD (momentum 0.9, lr 0.01, no weight decay, clip 1) or the digits config's AdamW (lr 1.5e-3, weight decay
 0.05, label smoothing 0.1, clip 1); seeds 0, 1, 2; scored on the 360 held-out images.
 
-    python benchmarks/finetune_digits.py            # about 4 minutes on 2 shared CPU cores
+    python benchmarks/finetune_digits.py            # about 2 minutes on 2 CPU cores (4 on shared ones)
     python benchmarks/finetune_digits.py --seeds 1  # a quick look
 
 Prints held-out top-1 (mean +- std over seeds, and each seed) per source and optimizer, and the optimizer

@@ -130,8 +130,9 @@ def test_fused_and_explicit_attention_agree_and_every_parameter_gets_a_gradient(
         assert p.grad.abs().sum() > 0, f"{name} got a zero gradient"
 
 
+@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 @pytest.mark.parametrize("overrides", [{}, {"representation_size": 24}, {"depth": 1}])
-def test_forward_runs_the_last_block_on_the_class_token_alone_with_the_same_logits_and_gradients(overrides):
+def test_forward_runs_the_last_block_on_the_class_token_alone_with_the_same_logits_and_gradients(overrides, attn_impl):
     model = tiny(**overrides)
     randomize_head(model)
     x = torch.randn(3, 3, 32, 32)
@@ -139,7 +140,7 @@ def test_forward_runs_the_last_block_on_the_class_token_alone_with_the_same_logi
     model.blocks[-1].mlp.fc1.register_forward_hook(lambda m, args, out: seen.append(args[0].shape))
 
     model.train()  # no dropout in TINY: both paths are deterministic
-    fast = model(x)
+    fast = model(x, attn_impl=attn_impl)  # either attention; full below is the fused one, on every token
     assert seen == [(3, 1, TINY["width"])]  # the last MLP saw the class token only
     full = model.forward_head(model.forward_features(x))
     assert seen[-1] == (3, model.num_prefix_tokens + 16, TINY["width"])

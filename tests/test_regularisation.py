@@ -74,7 +74,7 @@ class _Const(nn.Module):
         super().__init__()
         self.value = value
 
-    def forward(self, x, out_tokens=None, rel=None):
+    def forward(self, x, out_tokens=None, rel=None, explicit=False):
         n = x.shape[1] if out_tokens is None else out_tokens
         return torch.full((x.shape[0], n, x.shape[2]), self.value)
 

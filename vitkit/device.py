@@ -1,5 +1,5 @@
-"""What this machine can do, asked in one place: the CPU's instruction-set flags, whether bf16 is native, and the
-autocast context for a precision name (``none`` / ``bf16`` / ``fp16``).
+"""What this machine can do, asked in one place: the CPU's instruction-set flags and usable cores, whether bf16 is
+native, and the autocast context for a precision name (``none`` / ``bf16`` / ``fp16``).
 
 Training, evaluation, few-shot features, the benchmark and the inference switch (fast.py) all ask here, so that a
 run's precision means the same thing to each of them.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 
 import torch
 
@@ -44,6 +45,11 @@ def cpu_flags() -> frozenset[str]:
 def cpu_model_name() -> str | None:
     """The CPU's model name as /proc/cpuinfo gives it, or None where unknown."""
     return _cpuinfo()[1]
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask where the OS has one (containers, taskset)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -245,15 +245,17 @@ class Block(nn.Module):
         self.mlp = Mlp(cfg.width, cfg.mlp_dim, cfg.gelu, cfg.dropout)
 
     def forward(
-        self, x: torch.Tensor, out_tokens: int | None = None, rel: RelativePositions | None = None
+        self,
+        x: torch.Tensor,
+        out_tokens: int | None = None,
+        rel: RelativePositions | None = None,
+        explicit: bool = False,
     ) -> torch.Tensor:
         """out_tokens: forward(x)[:, :out_tokens] without computing the other tokens' outputs (every step but
         attention is per token, and attention still reads keys and values of all tokens). rel: the token layout,
-        for relative position attention."""
-        if out_tokens is None:
-            x = x + self.drop_path1(self.attn(self.norm1(x), rel=rel))
-        else:
-            x = x[:, :out_tokens] + self.drop_path1(self.attn(self.norm1(x), out_tokens, rel))
+        for relative position attention. explicit: attention written out rather than SDPA (Attention.forward)."""
+        y = self.attn(self.norm1(x), out_tokens, rel, explicit)
+        x = x + self.drop_path1(y) if out_tokens is None else x[:, :out_tokens] + self.drop_path1(y)
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
     def forward_explicit(
@@ -473,7 +475,7 @@ class VisionTransformer(nn.Module):
         attn_impl = attn_impl or self.config.attn_impl
         if attn_impl not in ATTN_IMPLS:
             raise ConfigError(f"attn_impl={attn_impl!r}: expected one of {ATTN_IMPLS}")
-        explicit = attn_impl == "explicit" or attention is not None
+        explicit = attn_impl == "explicit"
         grid = grid or self.grid
         rel = self._relative_positions(grid, x.device)
         layer_pos = self._pos_embed_for(grid) if self.config.pos_embed_where != "input" else None  # (tables, N, D)
@@ -488,20 +490,25 @@ class VisionTransformer(nn.Module):
         for i, blk in enumerate(self.typed_blocks()):
             if i and layer_pos is not None:  # block 0's table was added at the input, before the dropout
                 x = x + layer_pos[i if len(layer_pos) > 1 else 0]
-            if explicit:
+            if attention is not None:  # the probabilities, of every token: the explicit path in full
                 if ckpt:
                     # the RNG state is saved and restored, so dropout and drop-path draw the same masks again
                     x, probs = checkpoint(blk.forward_explicit, x, rel, use_reentrant=False, preserve_rng_state=True)
                 else:
                     x, probs = blk.forward_explicit(x, rel)
-                if attention is not None:
-                    attention.append(probs)
+                attention.append(probs)
             elif ckpt:
                 x = checkpoint(
-                    blk, x, out_tokens if i == last else None, rel, use_reentrant=False, preserve_rng_state=True
+                    blk,
+                    x,
+                    out_tokens if i == last else None,
+                    rel,
+                    explicit,
+                    use_reentrant=False,
+                    preserve_rng_state=True,
                 )
             else:
-                x = blk(x, out_tokens if i == last else None, rel)
+                x = blk(x, out_tokens if i == last else None, rel, explicit)
             if blocks is not None:
                 blocks.append(x)
         return self.norm(x)

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -32,6 +31,7 @@ from typing import Any
 
 import torch
 
+from ..device import usable_cores
 from ..errors import UserError
 from ..io import DirectoryLock
 from ..train import NonFiniteLossError, train
@@ -62,8 +62,7 @@ def run_status(run_dir: Path) -> str:
 
 
 def default_threads(jobs: int) -> int:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(1, cores // jobs)
+    return max(1, usable_cores() // jobs)
 
 
 @dataclass(frozen=True)

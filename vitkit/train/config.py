@@ -150,7 +150,7 @@ class RunConfig:
     amp: str = "none"  # "bf16" autocast (CPU or CUDA), "fp16" autocast + GradScaler (CUDA)
     compile: bool = False  # torch.compile the training model
     device: str = "auto"  # "auto": cuda if available (the local rank's GPU under torchrun), else cpu
-    threads: int = 0  # torch.set_num_threads on CPU; 0 keeps torch's default
+    threads: int = 0  # torch.set_num_threads on CPU (at most the usable cores); 0 keeps torch's default
     # true: continue the newest of out_dir/name, name-1, ... that holds a training state; a run directory
     # (run.resume=runs/digits-1, moved or copied ones too): continue that one. `vitkit train RUN/config.yaml
     # run.resume=true` resumes RUN. A resume never re-reads run.init_from: the state holds every weight.

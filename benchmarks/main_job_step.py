@@ -1,0 +1,102 @@
+"""Where the main job's training step spends its time, and what the shipped digits config's settings buy.
+
+Two trainers of the shipped digits config in one process, taking turns round by round on the same machine:
+
+    shipped   the config as it is: attention written out (model.attn_impl=explicit), 2 threads
+    sdpa-1    the same with torch's fused attention (SDPA) on one thread, as the config was before
+
+    python benchmarks/main_job_step.py                  # under a minute on 2 CPU cores
+    python benchmarks/main_job_step.py --profile 30     # then each arm's top ops (torch.profiler, 30 steps)
+
+Prints each arm's median ms per step (full training steps: data, forward, backward, clip, AdamW), the paired
+ratio with its 95% interval, the 1,320 steps of the main job that this makes, and the fixed cost of a step
+(the shipped arm at batch 2). Speed needs a quiet machine: the load average is checked before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+import torch
+
+ARMS = {"shipped": [], "sdpa-1": ["model.attn_impl=sdpa", "run.threads=1"]}
+QUIET = ["run.progress=false", "run.plots=false", "run.eval_every=0", "run.log_every=0"]
+
+
+@contextlib.contextmanager
+def trainer(overrides: list[str]) -> Iterator[tuple[Callable[[], float], int]]:
+    """A Trainer of the digits config with these overrides: (one training step, its thread count)."""
+    from vitkit.train import load_config
+    from vitkit.train.engine import Trainer
+
+    with tempfile.TemporaryDirectory() as out:
+        t = Trainer(load_config("digits", [*QUIET, f"run.out_dir={out}", *overrides]))
+        threads = torch.get_num_threads()  # what the config asked for, capped at the usable cores
+        try:
+            batches = t.batches(0)
+            yield (lambda: t.train_step(batches)), threads
+        finally:
+            t.close()
+
+
+def timed(step: Callable[[], float], threads: int, steps: int) -> float:
+    """Seconds per step over ``steps`` steps after one untimed step, on ``threads`` threads."""
+    torch.set_num_threads(threads)
+    step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps
+
+
+def profile_table(step: Callable[[], float], threads: int, steps: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(threads)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            step()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+
+
+def main() -> None:
+    from vitkit.bench.stats import load_average, load_warnings, paired_ratio_stats
+    from vitkit.device import usable_cores
+
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=15, help="rounds, each arm timed once a round (default 15)")
+    p.add_argument("--steps", type=int, default=40, help="training steps an arm is timed for a round (default 40)")
+    p.add_argument("--profile", type=int, default=0, help="then profile this many steps of each arm (default 0)")
+    args = p.parse_args()
+
+    before = load_average()
+    with contextlib.ExitStack() as stack:
+        arms = {name: stack.enter_context(trainer(overrides)) for name, overrides in ARMS.items()}
+        seconds: dict[str, list[float]] = {name: [] for name in arms}
+        for _ in range(args.rounds):
+            for name, (step, threads) in arms.items():
+                seconds[name].append(timed(step, threads, args.steps))
+        after = load_average()
+        tables = {name: profile_table(s, n, args.profile) for name, (s, n) in arms.items()} if args.profile else {}
+    with trainer(["optim.batch_size=2"]) as (small, small_threads):
+        fixed = statistics.median(timed(small, small_threads, args.steps) for _ in range(5))
+
+    print(f"the main job's training step (digits config, batch 64), {args.rounds} rounds of {args.steps} steps")
+    for name, per_step in seconds.items():
+        ms, threads = statistics.median(per_step) * 1e3, arms[name][1]
+        print(f"  {name:8s} {threads} thread(s)  {ms:6.2f} ms a step  -> {ms * 1.32:5.1f} s for 1,320 steps")
+    print(f"  shipped / sdpa-1 speed-up: {paired_ratio_stats(seconds['sdpa-1'], seconds['shipped'])}")
+    print(f"  fixed cost of a step (shipped, batch 2): {fixed * 1e3:.2f} ms")
+    for line in load_warnings(before, after, max(t for _, t in arms.values()), usable_cores()):
+        print(line)
+    for name, table in tables.items():
+        print(f"\n{name}: {args.profile} steps\n{table}", flush=True)  # flushed: profiler teardown at exit may not
+
+
+if __name__ == "__main__":
+    main()
