@@ -29,8 +29,8 @@ QUIET = ["run.progress=false", "run.plots=false", "run.eval_every=0", "run.log_e
 
 
 @contextlib.contextmanager
-def trainer(overrides: list[str]) -> Iterator[tuple[Callable[[], float], int]]:
-    """A Trainer of the digits config with these overrides: (one training step, its thread count)."""
+def trainer(overrides: list[str]) -> Iterator[tuple[Callable[[], float], int, int]]:
+    """A Trainer of the digits config with these overrides: (one training step, its thread count, the run's steps)."""
     from vitkit.train import load_config
     from vitkit.train.engine import Trainer
 
@@ -39,7 +39,7 @@ def trainer(overrides: list[str]) -> Iterator[tuple[Callable[[], float], int]]:
         threads = torch.get_num_threads()  # what the config asked for, capped at the usable cores
         try:
             batches = t.batches(0)
-            yield (lambda: t.train_step(batches)), threads
+            yield (lambda: t.train_step(batches)), threads, t.total_steps
         finally:
             t.close()
 
@@ -79,20 +79,20 @@ def main() -> None:
         arms = {name: stack.enter_context(trainer(overrides)) for name, overrides in ARMS.items()}
         seconds: dict[str, list[float]] = {name: [] for name in arms}
         for _ in range(args.rounds):
-            for name, (step, threads) in arms.items():
+            for name, (step, threads, _) in arms.items():
                 seconds[name].append(timed(step, threads, args.steps))
         after = load_average()
-        tables = {name: profile_table(s, n, args.profile) for name, (s, n) in arms.items()} if args.profile else {}
-    with trainer(["optim.batch_size=2"]) as (small, small_threads):
+        tables = {name: profile_table(s, n, args.profile) for name, (s, n, _) in arms.items()} if args.profile else {}
+    with trainer(["optim.batch_size=2"]) as (small, small_threads, _):
         fixed = statistics.median(timed(small, small_threads, args.steps) for _ in range(5))
 
     print(f"the main job's training step (digits config, batch 64), {args.rounds} rounds of {args.steps} steps")
     for name, per_step in seconds.items():
-        ms, threads = statistics.median(per_step) * 1e3, arms[name][1]
-        print(f"  {name:8s} {threads} thread(s)  {ms:6.2f} ms a step  -> {ms * 1.32:5.1f} s for 1,320 steps")
+        ms, (_, threads, total) = statistics.median(per_step) * 1e3, arms[name]
+        print(f"  {name:8s} {threads} thread(s)  {ms:6.2f} ms a step  -> {ms * total / 1e3:5.1f} s for {total:,} steps")
     print(f"  shipped / sdpa-1 speed-up: {paired_ratio_stats(seconds['sdpa-1'], seconds['shipped'])}")
     print(f"  fixed cost of a step (shipped, batch 2): {fixed * 1e3:.2f} ms")
-    for line in load_warnings(before, after, max(t for _, t in arms.values()), usable_cores()):
+    for line in load_warnings(before, after, max(t for _, t, _ in arms.values()), usable_cores()):
         print(line)
     for name, table in tables.items():
         print(f"\n{name}: {args.profile} steps\n{table}", flush=True)  # flushed: profiler teardown at exit may not

@@ -255,7 +255,7 @@ class Block(nn.Module):
         attention is per token, and attention still reads keys and values of all tokens). rel: the token layout,
         for relative position attention. explicit: attention written out rather than SDPA (Attention.forward)."""
         y = self.attn(self.norm1(x), out_tokens, rel, explicit)
-        x = x + self.drop_path1(y) if out_tokens is None else x[:, :out_tokens] + self.drop_path1(y)
+        x = (x if out_tokens is None else x[:, :out_tokens]) + self.drop_path1(y)
         return x + self.drop_path2(self.mlp(self.norm2(x)))
 
     def forward_explicit(
