@@ -310,6 +310,8 @@ def test_hf_export_refuses_what_hf_cannot_express():
         vitkit_to_hf(tiny(**HYBRID))
     with pytest.raises(ValueError, match="pre-logits"):
         to_hf_model(tiny(representation_size=16))
+    with pytest.raises(ValueError, match="does not merge tokens, not token_merge=2"):
+        vitkit_to_hf(tiny(token_merge=2))
 
 
 # ------------------------------------------------------------------------------------------ timm

@@ -26,6 +26,7 @@ LAYOUTS: dict[str, dict] = {
     "gelu_exact": dict(gelu="exact"),
     "ln_eps_1e-12": dict(ln_eps=1e-12),
     "relative": dict(pos_embed="relative"),
+    "token_merge": dict(token_merge=3),
     "bit": dict(arch="bit", layers=(1, 1), width_factor=0.5, num_classes=5, img_size=32),
 }
 # the fields of a config that are the function it computes (training switches such as dropout are not)
@@ -34,9 +35,12 @@ TRAINING = ("dropout", "attn_dropout", "drop_path", "grad_checkpointing", "attn_
 # what each format cannot hold: these must be refused; every other pair must round-trip
 REFUSED = {
     "vitkit": set(),
-    "hf": {"gap", "map", "first", "pre_logits", "hybrid", "sincos", "learned_2d", "relative", "bit"},
-    "timm": {"map", "first", "sincos", "learned_2d", "relative", "bit"},
-    "official": {"first", "sincos", "learned_2d", "non_square_32x48", "gelu_exact", "ln_eps_1e-12", "relative", "bit"},
+    "hf": {"gap", "map", "first", "pre_logits", "hybrid", "sincos", "learned_2d", "relative", "token_merge", "bit"},
+    "timm": {"map", "first", "sincos", "learned_2d", "relative", "token_merge", "bit"},
+    "official": {
+        *("first", "sincos", "learned_2d", "non_square_32x48", "gelu_exact", "ln_eps_1e-12", "relative"),
+        *("token_merge", "bit"),
+    },
 }
 
 

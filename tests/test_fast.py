@@ -83,6 +83,18 @@ def test_vit_logits_path_flops_golden_and_match_flop_counter():
     assert model_flops(model, 32, logits_path=True) == counted_flops(model, (32, 32))  # model() on the fused path
 
 
+@pytest.mark.parametrize(
+    "overrides", [dict(token_merge=3), dict(token_merge=40), dict(classifier="first", token_merge=2)]
+)
+def test_vit_logits_path_flops_with_token_merging_match_flop_counter(overrides):
+    # each block's attention runs on the tokens it receives, its MLP and every later block on r fewer
+    with torch.device("meta"):
+        model = VisionTransformer(**{**TINY, **overrides})
+    assert model_flops(model, 32, logits_path=True) == counted_flops(model, (32, 32))
+    assert vit_flops(model.config, logits_path=True)["merge"] > 0
+    assert vit_flops(model.config)["merge"] == 0  # forward_features merges nothing
+
+
 def test_resnet_flops_match_flop_counter():
     with torch.device("meta"):
         model = ResNet(layers=(1, 1), num_classes=7, img_size=64)

@@ -22,9 +22,10 @@ def vit_flops(
     """Forward FLOPs per image of a ViT, by part, from its config alone (2 FLOPs per multiply-add).
 
     Keys: stem (hybrid ResNet), patch_embed, qkv, attention (q k^T and probs @ v), relative (relative position
-    attention: each patch query against every offset's embedding), proj, mlp, pre_logits, head, total. ViT-B/16
-    at 224: 35.1 GFLOP, the model's FLOPs. ``logits_path``: what VisionTransformer.forward executes instead, where
-    a class-token model's last block computes the class token alone (32.7 GFLOP).
+    attention: each patch query against every offset's embedding), proj, mlp, merge (token merging's key
+    similarities), pre_logits, head, total. ViT-B/16 at 224: 35.1 GFLOP, the model's FLOPs. ``logits_path``: what
+    VisionTransformer.forward executes instead, where a class-token model's last block computes the class token
+    alone (32.7 GFLOP) and token merging (config token_merge) leaves fewer tokens to each later block.
     """
     size = as_pair("vit_flops", "img_size", img_size if img_size is not None else config.img_size)
     gh, gw = config.grid(size)
@@ -43,25 +44,25 @@ def vit_flops(
     feats = config.representation_size or d
     # relative positions: (n x hd) @ (hd x E) per head for the patch queries, E offsets; the class token has none
     offsets = math.prod(relative_table_shape((gh, gw), config.relative_dims)) if config.relative_dims else 0
-    parts = {
-        "stem": stem,
-        "patch_embed": 2 * n * in_chs * ph * pw * d,
-        "qkv": L * 2 * t * d * 3 * d,
-        "attention": L * 2 * 2 * t * t * d,  # (t x hd) @ (hd x t) and (t x t) @ (t x hd), summed over heads
-        "relative": L * 2 * n * offsets * d,
-        "proj": L * 2 * t * d * d,
-        "mlp": L * 2 * 2 * t * d * m,
-        "pre_logits": 2 * d * config.representation_size if config.representation_size else 0,
-        "head": 2 * feats * config.num_classes,
-    }
-    if logits_path and config.classifier == "token" and L:
-        # last block: keys and values of all t tokens; query, projection and MLP of the class token only (and so
-        # no relative logits: the class token has none)
-        parts["qkv"] -= 2 * (t - 1) * d * d
-        parts["relative"] -= 2 * n * offsets * d
-        parts["attention"] -= 2 * 2 * (t - 1) * t * d
-        parts["proj"] -= 2 * (t - 1) * d * d
-        parts["mlp"] -= 2 * 2 * (t - 1) * d * m
+    parts = dict.fromkeys(("qkv", "attention", "relative", "proj", "mlp", "merge"), 0)
+    class_only = logits_path and config.classifier in ("token", "first")  # the last block computes one token
+    merge = config.token_merge if logits_path else 0  # token merging acts in forward() only
+    for i in range(L):
+        q = 1 if class_only and i == L - 1 else t  # queries, and so projection and MLP rows; keys: all t
+        r = min(merge, (t - 1) // 2) if q == t else 0  # pairs merged after attention (vitkit.models.merge)
+        parts["qkv"] += 2 * (q + 2 * t) * d * d
+        parts["attention"] += 2 * 2 * q * t * d  # (q x hd) @ (hd x t) and (q x t) @ (t x hd), summed over heads
+        parts["relative"] += 2 * (n if q == t else 0) * offsets * d
+        parts["proj"] += 2 * q * d * d
+        parts["merge"] += 2 * ((t + 1) // 2) * (t // 2) * (d // config.num_heads) if r else 0  # key similarities
+        t = q - r
+        parts["mlp"] += 2 * 2 * t * d * m
+    parts.update(
+        stem=stem,
+        patch_embed=2 * n * in_chs * ph * pw * d,
+        pre_logits=2 * d * config.representation_size if config.representation_size else 0,
+        head=2 * feats * config.num_classes,
+    )
     parts["total"] = sum(parts.values())
     return parts
 

@@ -205,6 +205,11 @@ def _check_exportable(model: nn.Module) -> ViTConfig:
             "Hugging Face ViT has learned 1-D position embeddings added at the input only, not "
             f"pos_embed={cfg.pos_embed!r}, pos_embed_where={cfg.pos_embed_where!r}"
         )
+    if cfg.token_merge:
+        raise UserError(
+            f"Hugging Face ViT does not merge tokens, not token_merge={cfg.token_merge}: export the model built "
+            "with token_merge=0 (the same weights)"
+        )
     return cfg
 
 

@@ -436,6 +436,7 @@ def check_exportable(model: torch.nn.Module) -> ViTConfig:
         "gelu": (cfg.gelu, "tanh", "the official code computes tanh GELU and the file cannot say another"),
         "ln_eps": (cfg.ln_eps, 1e-6, "the official code's LayerNorm eps is 1e-6 and the file cannot say another"),
         "dynamic_img_size": (cfg.dynamic_img_size, False, "the file cannot say it"),
+        "token_merge": (cfg.token_merge, 0, "the file cannot say it; the same weights export with token_merge=0"),
     }
     for name, (value, held, reason) in why.items():
         if value != held:

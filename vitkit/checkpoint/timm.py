@@ -274,6 +274,11 @@ def check_exportable(model: nn.Module) -> ViTConfig:
             f"timm export: classifier={cfg.classifier!r}; timm's ViT as vitkit writes it pools the class token "
             "('token') or the mean of the normalised patch tokens ('gap') only"
         )
+    if cfg.token_merge:
+        raise UserError(
+            f"timm export: token_merge={cfg.token_merge}; timm's ViT does not merge tokens (the same weights "
+            "export with token_merge=0)"
+        )
     return cfg
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .merge import size_bias
 from .posemb import Grid, resample_relative
 
 ATTN_IMPLS = ("sdpa", "explicit")
@@ -108,27 +109,46 @@ class Attention(nn.Module):
         out_tokens: int | None = None,
         rel: RelativePositions | None = None,
         explicit: bool = False,
+        sizes: torch.Tensor | None = None,
+        keys: list[torch.Tensor] | None = None,
     ) -> torch.Tensor:
         """(B, N, D) -> (B, N, D), or (B, out_tokens, D): the outputs of the first out_tokens tokens only.
 
         ``explicit``: the attention written out (``_attend``) instead of SDPA. The same function; on a CPU it trains
-        a model of few tokens faster, where the fused kernel's fixed cost per (image, head) outweighs its work."""
+        a model of few tokens faster, where the fused kernel's fixed cost per (image, head) outweighs its work.
+        ``sizes`` (B, N, 1): how many patches each token stands for after token merging (vitkit.models.merge);
+        each key's logits get log size added (proportional attention). ``keys``, when given, receives the keys
+        averaged over heads (B, N, head_dim): token merging's similarity metric."""
         q, k, v = self._qkv(x) if out_tokens is None else self._q_kv(x, out_tokens)
+        if keys is not None:
+            keys.append(k.mean(1))
+        bias = size_bias(sizes)
         if explicit:
-            return self._out(self._attend(q, k, v, rel)[0])
-        bias = None if rel is None else self._relative_logits(q * self.scale, rel)
+            return self._out(self._attend(q, k, v, rel, bias)[0])
+        if rel is not None:
+            rel_bias = self._relative_logits(q * self.scale, rel)
+            bias = rel_bias if bias is None or rel_bias is None else rel_bias + bias
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop if self.training else 0.0)
         return self._out(x)
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rel: RelativePositions | None
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        rel: RelativePositions | None,
+        bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """softmax(q k^T / sqrt(d) [+ relative logits]) v written out: the output (B, nh, n, hd) and the
-        probabilities (B, nh, n, N)."""
+        """softmax(q k^T / sqrt(d) [+ relative logits] [+ bias]) v written out: the output (B, nh, n, hd) and the
+        probabilities (B, nh, n, N). ``bias``: added to the logits, broadcast (proportional attention's)."""
         q = q * self.scale
         logits = q @ k.transpose(-2, -1)  # (B, nh, n, N)
-        bias = None if rel is None else self._relative_logits(q, rel)
-        probs = (logits if bias is None else logits + bias).softmax(dim=-1)
+        rel_bias = None if rel is None else self._relative_logits(q, rel)
+        if rel_bias is not None:
+            logits = logits + rel_bias
+        if bias is not None:
+            logits = logits + bias
+        probs = logits.softmax(dim=-1)
         attn = F.dropout(probs, self.attn_drop, self.training) if self.attn_drop else probs
         return attn @ v, probs
 

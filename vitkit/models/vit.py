@@ -45,6 +45,7 @@ from .common import (
     zero_head,
 )
 from .heads import CLASSIFIERS, MAPHead, pool_tokens
+from .merge import merge_tokens
 from .posemb import (
     relative_index,
     relative_table_shape,
@@ -98,6 +99,8 @@ class ViTConfig:
     resnet_width: float = 1  # hybrid stem width factor (64 x it channels at the root)
     attn_impl: str = "sdpa"  # the default attention path: "sdpa" (fused) or "explicit"; a call may choose another
     dynamic_img_size: bool = False  # accept other input sizes by resampling position embeddings per call
+    token_merge: int = 0  # token merging (ToMe): pairs of tokens merged in each block of forward(); 0: off
+    # a trade of accuracy for speed (vitkit.models.merge); class-token and 'first' models, positions at the input
     arch: str = field(default="vit", init=False)
 
     def __post_init__(self) -> None:
@@ -148,6 +151,17 @@ class ViTConfig:
             raise ConfigError(
                 f"ViTConfig.pos_embed_where={self.pos_embed_where!r}: pos_embed={self.pos_embed!r} adds no table to "
                 "the tokens (relative positions already act in every block's attention); use 'input'"
+            )
+        if self.token_merge < 0:
+            raise ConfigError(f"ViTConfig.token_merge={self.token_merge!r}: expected tokens per block, >= 0")
+        if self.token_merge and (
+            self.classifier not in ("token", "first") or self.relative_dims or self.pos_embed_where != "input"
+        ):
+            raise ConfigError(
+                f"ViTConfig.token_merge={self.token_merge}: token merging needs a head that reads the first token "
+                f"(classifier 'token' or 'first', not {self.classifier!r}) and positions added at the input only "
+                f"(not pos_embed={self.pos_embed!r}, pos_embed_where={self.pos_embed_where!r}): merged tokens have "
+                "no place on the grid"
             )
         if self.pos_embed == "sincos_2d" and self.pos_embed_where == "every_layer":
             raise ConfigError(
@@ -257,6 +271,25 @@ class Block(nn.Module):
         y = self.attn(self.norm1(x), out_tokens, rel, explicit)
         x = (x if out_tokens is None else x[:, :out_tokens]) + self.drop_path1(y)
         return x + self.drop_path2(self.mlp(self.norm2(x)))
+
+    def forward_merging(
+        self,
+        x: torch.Tensor,
+        sizes: torch.Tensor | None,
+        r: int,
+        out_tokens: int | None = None,
+        explicit: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The block with token merging (ToMe): attention weighted by token sizes, then r pairs of tokens merged
+        (vitkit.models.merge) before the MLP; the first token is never merged. Returns the tokens and their sizes.
+        With out_tokens only those tokens go on, and nothing is merged."""
+        keys: list[torch.Tensor] = []
+        y = self.attn(self.norm1(x), out_tokens, None, explicit, sizes=sizes, keys=keys)
+        if out_tokens is None:
+            x, sizes = merge_tokens(x + self.drop_path1(y), sizes, keys[0], r, protected=1)
+        else:
+            x, sizes = x[:, :out_tokens] + self.drop_path1(y), None
+        return x + self.drop_path2(self.mlp(self.norm2(x))), sizes
 
     def forward_explicit(
         self, x: torch.Tensor, rel: RelativePositions | None = None
@@ -463,6 +496,7 @@ class VisionTransformer(nn.Module):
         blocks: list[torch.Tensor] | None = None,
         attention: list[torch.Tensor] | None = None,
         grid: tuple[int, int] | None = None,
+        merge: bool = False,
     ) -> torch.Tensor:
         """Input tokens (B, N, D) through every block and the final LayerNorm: the one block loop.
 
@@ -470,7 +504,8 @@ class VisionTransformer(nn.Module):
         computes only the first out_tokens tokens (its keys and values still come from all). ``blocks`` and
         ``attention``, when given, receive each block's output and (explicit path) its attention probabilities
         (B, nh, N, N); asking for attention selects the explicit path. ``grid``: the token grid (default: the
-        model's), which position embeddings added before every block and relative positions need.
+        model's), which position embeddings added before every block and relative positions need. ``merge``:
+        token merging as the config sets it (``token_merge`` tokens a block; not with ``attention``).
         """
         attn_impl = attn_impl or self.config.attn_impl
         if attn_impl not in ATTN_IMPLS:
@@ -487,10 +522,18 @@ class VisionTransformer(nn.Module):
         last = len(self.blocks) - 1
         # only when a backward pass will follow: recomputation needs the graph, and eval keeps nothing to save
         ckpt = self.config.grad_checkpointing and self.training and torch.is_grad_enabled()
+        r = self.config.token_merge if merge and attention is None else 0
+        sizes: torch.Tensor | None = None  # with token merging: how many patches each token stands for
         for i, blk in enumerate(self.typed_blocks()):
             if i and layer_pos is not None:  # block 0's table was added at the input, before the dropout
                 x = x + layer_pos[i if len(layer_pos) > 1 else 0]
-            if attention is not None:  # the probabilities, of every token: the explicit path in full
+            if r:
+                args = (x, sizes, r, out_tokens if i == last else None, explicit)
+                if ckpt:
+                    x, sizes = checkpoint(blk.forward_merging, *args, use_reentrant=False, preserve_rng_state=True)
+                else:
+                    x, sizes = blk.forward_merging(*args)
+            elif attention is not None:  # the probabilities, of every token: the explicit path in full
                 if ckpt:
                     # the RNG state is saved and restored, so dropout and drop-path draw the same masks again
                     x, probs = checkpoint(blk.forward_explicit, x, rel, use_reentrant=False, preserve_rng_state=True)
@@ -535,10 +578,12 @@ class VisionTransformer(nn.Module):
         """Images -> logits. With class-token pooling the head reads one token, so the last block computes that
         token alone (keys and values still from all): the same logits for about 1/depth less work, in training
         too, as no other token of the last block reaches the loss. The last block's output (and what its hooks
-        see) is then (B, 1, D); forward_features and forward_intermediates give every token."""
+        see) is then (B, 1, D); forward_features and forward_intermediates give every token. Token merging
+        (config ``token_merge``) applies here only."""
         out_tokens = 1 if self.config.classifier in ("token", "first") else None
         patches, grid = self.patch_embed(x)
-        return self.forward_head(self.encode(self.embed_tokens(patches, grid), attn_impl, out_tokens, grid=grid))
+        tokens = self.embed_tokens(patches, grid)
+        return self.forward_head(self.encode(tokens, attn_impl, out_tokens, grid=grid, merge=True))
 
     def forward_intermediates(
         self, x: torch.Tensor, return_attention: bool = False, attn_impl: str | None = None
