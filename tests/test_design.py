@@ -25,6 +25,7 @@ from vitkit.checkpoint import save_pretrained
 from vitkit.cli import main
 from vitkit.errors import ConfigError
 from vitkit.hub import load_model
+from vitkit.models.attention import attends_explicitly
 from vitkit.train import build_model, config_from_dict, train
 from vitkit.train.config import _section_types
 
@@ -154,9 +155,27 @@ def test_attention_path_is_a_call_argument_not_a_switch_on_the_model():
         features = model.forward_features(x, attn_impl="explicit")
     torch.testing.assert_close(fused, explicit, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(model.forward_head(features), fused, rtol=1e-5, atol=1e-5)
-    assert model.config.attn_impl == "sdpa"
+    assert model.config.attn_impl == "auto"
     with pytest.raises(ConfigError, match="attn_impl='flash'"):
         model(x, attn_impl="flash")
+
+
+def test_auto_attention_is_written_out_in_bf16_on_a_cpu_and_fused_elsewhere():
+    x = torch.randn(2, 5, 8)
+    assert not attends_explicitly("auto", x) and attends_explicitly("auto", x.bfloat16())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert attends_explicitly("auto", x)
+    assert attends_explicitly("explicit", x) and not attends_explicitly("sdpa", x.bfloat16())
+    torch.manual_seed(0)
+    model = VisionTransformer(**TINY).eval()
+    torch.nn.init.normal_(model.head.weight)
+    images = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():  # the same path, so the same bits
+        assert torch.equal(model(images), model(images, attn_impl="sdpa"))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert torch.equal(model(images), model(images, attn_impl="explicit"))
+        model.bfloat16()
+        assert torch.equal(model(images.bfloat16()), model(images.bfloat16(), attn_impl="explicit"))
 
 
 def test_every_forward_runs_the_blocks_through_one_loop():

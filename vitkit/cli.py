@@ -359,7 +359,9 @@ def add_bench(p: argparse.ArgumentParser) -> None:
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--dtype", choices=DTYPES, default="fp32", help="bf16 = bf16 weights; bf16-autocast = mixed")
-    p.add_argument("--attn", choices=ATTN_IMPLS, default="sdpa")
+    p.add_argument(
+        "--attn", choices=ATTN_IMPLS, default="auto", help="attention path (auto: explicit in bf16 on a CPU)"
+    )
     p.add_argument("--compile", choices=COMPILE_MODES, default="none", help="torch.compile mode (infer: + freezing)")
     p.add_argument("--mode", choices=MODES, default="infer", help="inference forward, or a full AdamW train step")
     p.add_argument("--compare", choices=PEERS, action="append", default=[], help="time a peer alongside; repeatable")

@@ -41,12 +41,12 @@ from ..errors import UserError
 from ..fast import COMPILE_MODES, compile_for_inference, cpu_allocator_tuned
 from ..io import atomic_write_text
 from ..models import MODELS, BiTConfig, ResNetConfig, ViTConfig, create_model
+from ..models.attention import ATTN_IMPLS
 from .flops import model_flops
 from .memory import find_max_batch, format_bytes, measure_step_memory, memory_method, parse_bytes, resident_bytes
 from .stats import RatioStats, load_average, load_warnings, paired_ratio_stats, settled
 
 DTYPES = ("fp32", "bf16-autocast", "bf16")
-ATTN_IMPLS = ("sdpa", "explicit")
 MODES = ("infer", "train")
 PEERS = ("hf", "onnx")
 PROBE = "matmul peak"
@@ -63,7 +63,7 @@ class BenchConfig:
     img_size: int = 224
     batch_size: int = 8
     dtype: str = "fp32"
-    attn: str = "sdpa"
+    attn: str = "auto"
     compile: str = "none"
     mode: str = "infer"
     compare: tuple[str, ...] = ()

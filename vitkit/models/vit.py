@@ -33,7 +33,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import ConfigError, UserError
-from .attention import ATTN_IMPLS, Attention, RelativePositions
+from .attention import ATTN_IMPLS, Attention, RelativePositions, attends_explicitly
 from .common import (
     Mlp,
     as_pair,
@@ -97,7 +97,7 @@ class ViTConfig:
     pos_embed_where: str = "input"  # absolute tables: "input", "every_layer" (own per block), "every_layer_shared"
     resnet_layers: tuple[int, ...] | None = None  # hybrid stem: None = no stem, () = root only
     resnet_width: float = 1  # hybrid stem width factor (64 x it channels at the root)
-    attn_impl: str = "sdpa"  # the default attention path: "sdpa" (fused) or "explicit"; a call may choose another
+    attn_impl: str = "auto"  # attention path: "sdpa" (fused), "explicit", "auto" (explicit in bf16 on a CPU, else sdpa)
     dynamic_img_size: bool = False  # accept other input sizes by resampling position embeddings per call
     token_merge: int = 0  # token merging (ToMe): pairs of tokens merged in each block of forward(); 0: off
     # a trade of accuracy for speed (vitkit.models.merge); class-token and 'first' models, positions at the input
@@ -500,17 +500,18 @@ class VisionTransformer(nn.Module):
     ) -> torch.Tensor:
         """Input tokens (B, N, D) through every block and the final LayerNorm: the one block loop.
 
-        ``attn_impl``: "sdpa" or "explicit" for this call (default: the config's). ``out_tokens``: the last block
-        computes only the first out_tokens tokens (its keys and values still come from all). ``blocks`` and
-        ``attention``, when given, receive each block's output and (explicit path) its attention probabilities
-        (B, nh, N, N); asking for attention selects the explicit path. ``grid``: the token grid (default: the
-        model's), which position embeddings added before every block and relative positions need. ``merge``:
-        token merging as the config sets it (``token_merge`` tokens a block; not with ``attention``).
+        ``attn_impl``: "sdpa", "explicit" or "auto" (attention.attends_explicitly) for this call (default: the
+        config's). ``out_tokens``: the last block computes only the first out_tokens tokens (its keys and values
+        still come from all). ``blocks`` and ``attention``, when given, receive each block's output and (explicit
+        path) its attention probabilities (B, nh, N, N); asking for attention selects the explicit path. ``grid``:
+        the token grid (default: the model's), which position embeddings added before every block and relative
+        positions need. ``merge``: token merging as the config sets it (``token_merge`` tokens a block; not with
+        ``attention``).
         """
         attn_impl = attn_impl or self.config.attn_impl
         if attn_impl not in ATTN_IMPLS:
             raise ConfigError(f"attn_impl={attn_impl!r}: expected one of {ATTN_IMPLS}")
-        explicit = attn_impl == "explicit"
+        explicit = attends_explicitly(attn_impl, x)
         grid = grid or self.grid
         rel = self._relative_positions(grid, x.device)
         layer_pos = self._pos_embed_for(grid) if self.config.pos_embed_where != "input" else None  # (tables, N, D)
