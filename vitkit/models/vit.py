@@ -282,7 +282,8 @@ class Block(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The block with token merging (ToMe): attention weighted by token sizes, then r pairs of tokens merged
         (vitkit.models.merge) before the MLP; the first token is never merged. Returns the tokens and their sizes.
-        With out_tokens only those tokens go on, and nothing is merged."""
+        With out_tokens only those tokens go on, and nothing is merged. encode calls it directly, as it does
+        forward_explicit: the block's own forward hooks do not run (its attention's and MLP's do)."""
         keys: list[torch.Tensor] = []
         y = self.attn(self.norm1(x), out_tokens, None, explicit, sizes=sizes, keys=keys)
         if out_tokens is None:
