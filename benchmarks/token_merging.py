@@ -30,6 +30,8 @@ from torch import nn
 from vitkit.bench import load_average, load_warnings, paired_ratio_stats, time_alternating, vit_flops
 from vitkit.device import usable_cores
 from vitkit.fast import optimize_for_inference
+from vitkit.models import ViTConfig
+from vitkit.models.merge import merged_away
 
 
 def infer(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
@@ -51,18 +53,18 @@ def speed_lines(models: dict[int, nn.Module], times: dict[int, list[float]], bat
     for r, model in models.items():
         cfg = model.config
         flops = vit_flops(cfg, logits_path=True)["total"] / 1e9
-        tokens = token_counts(cfg.grid()[0] * cfg.grid()[1] + 1, r, cfg.depth)
+        tokens = token_counts(cfg)
         speed = "" if r == 0 else str(paired_ratio_stats(times[0], times[r]))
         lines.append(f"{r:>3} {tokens:>22} {flops:9.2f} {batch / statistics.median(times[r]):8.1f}   {speed}")
     return lines
 
 
-def token_counts(t: int, r: int, depth: int) -> str:
-    """The tokens each block receives, as 'first -> ... -> last' (the last block then computes one)."""
-    counts = [t]
-    for _ in range(depth - 1):
-        counts.append(counts[-1] - min(r, (counts[-1] - 1) // 2))
-    return f"{counts[0]} -> {counts[-1]}"
+def token_counts(cfg: ViTConfig) -> str:
+    """The tokens the first and the last block receive, as 'first -> last' (the last block then computes one)."""
+    first = last = cfg.grid()[0] * cfg.grid()[1] + (cfg.classifier == "token")
+    for _ in range(cfg.depth - 1):
+        last -= merged_away(last, cfg.token_merge)
+    return f"{first} -> {last}"
 
 
 def trained_run(run: Path | None, workdir: Path, epochs: int) -> tuple[Path, str]:
@@ -86,7 +88,6 @@ def accuracy(run: Path, rs: list[int], rounds: int) -> list[str]:
     from vitkit.train import load_config
 
     models = {r: load_model(run, token_merge=r).eval() for r in rs}
-    cfg = models[0].config
     _, held_out, _ = build_datasets(load_config("digits").data)
     x, y = held_out.images, held_out.labels
     with torch.no_grad():
@@ -97,7 +98,7 @@ def accuracy(run: Path, rs: list[int], rounds: int) -> list[str]:
         top1 = float((preds[r] == y).float().mean())
         agree = float((preds[r] == preds[0]).float().mean())
         speed = "" if r == 0 else str(paired_ratio_stats(times[0], times[r]))
-        tokens = token_counts(cfg.grid()[0] * cfg.grid()[1] + 1, r, cfg.depth)
+        tokens = token_counts(models[r].config)
         ips = len(x) / statistics.median(times[r])
         lines.append(f"{r:>3} {tokens:>12} {top1:7.2%} {agree:16.2%} {ips:8.0f}   {speed}")
     return lines

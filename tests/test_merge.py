@@ -150,3 +150,24 @@ def test_token_merging_is_refused_where_merged_tokens_have_no_meaning(overrides:
         create_model("vit_ti16", token_merge=4, **overrides)
     with pytest.raises(ConfigError, match="token_merge=-1"):
         create_model("vit_ti16", token_merge=-1)
+
+
+@pytest.mark.parametrize("out_tokens", [None, 1])
+def test_both_attention_paths_add_the_size_bias_with_relative_positions_too(out_tokens: int | None) -> None:
+    """Proportional attention's bias and relative logits reach SDPA as they reach the written-out path, also for
+    the class token alone, which has no relative term."""
+    cfg = dict(img_size=32, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=5)
+    model = create_model("vit_ti16", pos_embed="relative", **cfg).double().eval()
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3, generator=g)
+        tokens = model.embed(torch.randn(2, 3, 32, 32, generator=g, dtype=torch.float64))
+        rel = model._relative_positions(model.grid, tokens.device)
+        sizes = torch.randint(1, 5, (2, tokens.shape[1], 1), generator=g).double()
+        attn = model.blocks[0].attn
+        fused = attn(tokens, out_tokens, rel, explicit=False, sizes=sizes)
+        written = attn(tokens, out_tokens, rel, explicit=True, sizes=sizes)
+        plain = attn(tokens, out_tokens, rel, explicit=False)
+    torch.testing.assert_close(fused, written, rtol=1e-10, atol=1e-10)
+    assert not torch.allclose(fused, plain)

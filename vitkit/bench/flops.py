@@ -13,6 +13,7 @@ from torch import nn
 
 from ..models import ViTConfig
 from ..models.common import as_pair
+from ..models.merge import merged_away
 from ..models.posemb import relative_table_shape
 
 
@@ -49,7 +50,7 @@ def vit_flops(
     merge = config.token_merge if logits_path else 0  # token merging acts in forward() only
     for i in range(L):
         q = 1 if class_only and i == L - 1 else t  # queries, and so projection and MLP rows; keys: all t
-        r = min(merge, (t - 1) // 2) if q == t else 0  # pairs merged after attention (vitkit.models.merge)
+        r = merged_away(t, merge) if q == t else 0  # pairs merged after attention
         parts["qkv"] += 2 * (q + 2 * t) * d * d
         parts["attention"] += 2 * 2 * q * t * d  # (q x hd) @ (hd x t) and (q x t) @ (t x hd), summed over heads
         parts["relative"] += 2 * (n if q == t else 0) * offsets * d

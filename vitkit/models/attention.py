@@ -122,6 +122,16 @@ class Attention(nn.Module):
         bias = logits.gather(-1, rel.index[:n_p].expand(B, nh, -1, -1))  # (B, nh, n_p, N): q_i . r_{j-i}
         return F.pad(bias, (rel.prefix, 0, n - n_p, 0))  # (B, nh, n, T)
 
+    def _logit_bias(
+        self, q: torch.Tensor, rel: RelativePositions | None, bias: torch.Tensor | None
+    ) -> torch.Tensor | None:
+        """What both attention paths add to the logits of queries q (scaled): the relative logits, if any, plus
+        bias (proportional attention's); None when there is neither."""
+        rel_bias = None if rel is None else self._relative_logits(q, rel)
+        if rel_bias is None or bias is None:
+            return bias if rel_bias is None else rel_bias
+        return rel_bias + bias
+
     def forward(
         self,
         x: torch.Tensor,
@@ -141,12 +151,9 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x) if out_tokens is None else self._q_kv(x, out_tokens)
         if keys is not None:
             keys.append(k.mean(1))
-        bias = size_bias(sizes)
         if explicit:
-            return self._out(self._attend(q, k, v, rel, bias)[0])
-        if rel is not None:
-            rel_bias = self._relative_logits(q * self.scale, rel)
-            bias = rel_bias if bias is None or rel_bias is None else rel_bias + bias
+            return self._out(self._attend(q, k, v, rel, size_bias(sizes))[0])
+        bias = self._logit_bias(q * self.scale, rel, size_bias(sizes)) if rel is not None else size_bias(sizes)
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop if self.training else 0.0)
         return self._out(x)
 
@@ -162,12 +169,8 @@ class Attention(nn.Module):
         probabilities (B, nh, n, N). ``bias``: added to the logits, broadcast (proportional attention's)."""
         q = q * self.scale
         logits = q @ k.transpose(-2, -1)  # (B, nh, n, N)
-        rel_bias = None if rel is None else self._relative_logits(q, rel)
-        if rel_bias is not None:
-            logits = logits + rel_bias
-        if bias is not None:
-            logits = logits + bias
-        probs = logits.softmax(dim=-1)
+        bias = self._logit_bias(q, rel, bias)
+        probs = (logits if bias is None else logits + bias).softmax(dim=-1)
         attn = F.dropout(probs, self.attn_drop, self.training) if self.attn_drop else probs
         return attn @ v, probs
 

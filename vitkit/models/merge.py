@@ -18,6 +18,11 @@ import torch
 import torch.nn.functional as F
 
 
+def merged_away(tokens: int, r: int, protected: int = 1) -> int:
+    """How many of ``tokens`` a merge of r pairs removes: r, capped at half the unprotected tokens."""
+    return max(0, min(r, (tokens - protected) // 2))
+
+
 def merge_tokens(
     x: torch.Tensor, sizes: torch.Tensor | None, keys: torch.Tensor, r: int, protected: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -29,8 +34,8 @@ def merge_tokens(
     order is not the image's. r is capped at half the unprotected tokens; with r <= 0 nothing changes.
     """
     B, N, D = x.shape
-    r = min(r, (N - protected) // 2)
-    if r <= 0:
+    r = merged_away(N, r, protected)
+    if not r:
         return x, sizes
     with torch.no_grad():  # the matching is discrete: gradients flow through the averages below, not through it
         metric = F.normalize(keys, dim=-1)
