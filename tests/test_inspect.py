@@ -302,3 +302,29 @@ def test_rollout_colour_bar_shows_the_colours_blended_onto_the_image():
     assert (bar.norm.vmin, bar.norm.vmax) == (0, 1) and bar.get_cmap().name == "inferno"
     # ... blended at the overlay's opacity, while the bar shows them at full strength rather than faded over white
     assert overlay.get_alpha() == ROLLOUT_ALPHA and bar.get_alpha() in (None, 1.0)
+
+
+@pytest.mark.parametrize("chans", [1, 3])
+def test_patch_components_mosaic_shows_each_component_scaled_under_its_label(tmp_path, monkeypatch, chans):
+    from matplotlib.figure import Figure
+
+    from vitkit.inspect import figures
+
+    drawn: list[Figure] = []
+    monkeypatch.setattr(figures, "_save", lambda fig, path: drawn.append(fig))
+    torch.manual_seed(0)
+    comps, explained = torch.randn(9, chans, 4, 4).double().numpy(), [0.3 - 0.02 * i for i in range(9)]
+    figures.plot_patch_components(comps, explained, tmp_path / "pca.png", ncols=4)  # 3 rows, the last one short
+    ((ax,),) = [drawn[0].axes]
+    grid = ax.get_images()[0].get_array()
+    assert grid.shape[:2] == (3 * 4 + 2, 4 * 4 + 3)  # 4x4 tiles, 1-pixel white gutters
+    labels = {t.get_text(): t.get_position() for t in ax.texts}
+    for i in range(9):
+        r, c = divmod(i, 4)
+        tile = grid[5 * r : 5 * r + 4, 5 * c : 5 * c + 4]
+        comp = comps[i].transpose(1, 2, 0).squeeze(-1) if chans == 1 else comps[i].transpose(1, 2, 0)
+        expected = (comp - comp.min()) / (comp.max() - comp.min())  # min-max over the whole component
+        torch.testing.assert_close(torch.as_tensor(tile), torch.as_tensor(expected))
+        x, y = labels[f"PC {i + 1} ({100 * explained[i]:.1f}%)"]
+        assert x == 5 * c + 1.5 and 5 * r - 1 < y < 5 * r  # centred just above its tile
+    assert (grid[4] == 1).all() and (grid[10:, 15:] == 1).all()  # a gutter row, and the empty places are white

@@ -34,10 +34,10 @@ def _titles(fig: Figure, ax, title: str, subtitle: str = "") -> None:
         ax.set_title(subtitle, fontsize=7, color="0.35")
 
 
-def mosaic(tiles: np.ndarray, gap: int = 1) -> np.ndarray:
-    """(R, C, h, w) tiles -> one (R * (h + gap) - gap, C * (w + gap) - gap) image with NaN gutters."""
-    r, c, h, w = tiles.shape
-    out = np.full((r * (h + gap) - gap, c * (w + gap) - gap), np.nan)
+def mosaic(tiles: np.ndarray, gap: int = 1, fill: float = np.nan) -> np.ndarray:
+    """(R, C, h, w, ...) tiles -> one (R * (h + gap) - gap, C * (w + gap) - gap, ...) image, gutters ``fill``."""
+    r, c, h, w = tiles.shape[:4]
+    out = np.full((r * (h + gap) - gap, c * (w + gap) - gap, *tiles.shape[4:]), fill)
     for i in range(r):
         for j in range(c):
             out[i * (h + gap) : i * (h + gap) + h, j * (w + gap) : j * (w + gap) + w] = tiles[i, j]
@@ -79,23 +79,30 @@ def plot_patch_components(
     """Principal components of the patch-embedding filters (n, C, P, P) as a grid of RGB (or grey) patches.
 
     Each component is shown with its own min-max scaling (a component's sign and scale are arbitrary) and
-    labelled with its share of the filters' variance.
+    labelled with its share of the filters' variance. The grid is one mosaic image on one axes (white gutters),
+    not an axes per patch: the same picture, drawn several times faster.
     """
     components, explained = np.asarray(components, dtype=np.float64), np.asarray(explained, dtype=np.float64)
     n, chans = components.shape[:2]
     ncols = min(ncols, n)
     nrows = -(-n // ncols)
-    fig = Figure(figsize=(1.3 * ncols, 1.45 * nrows + 0.7))
-    for i in range(nrows * ncols):
-        ax = fig.add_subplot(nrows, ncols, i + 1)
-        ax.set_axis_off()
-        if i >= n:
-            continue
-        comp = components[i]
-        comp = (comp - comp.min()) / max(comp.max() - comp.min(), 1e-12)  # (C, P, P) in [0, 1]
-        image, cmap = _display_image(comp.transpose(1, 2, 0))
-        ax.imshow(image, cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
-        ax.set_title(f"PC {i + 1} ({100 * explained[i]:.1f}%)", fontsize=7)
+    low = components.reshape(n, -1).min(axis=1)[:, None, None, None]
+    span = np.maximum(components.reshape(n, -1).max(axis=1)[:, None, None, None] - low, 1e-12)
+    tiles = np.stack([_display_image(c.transpose(1, 2, 0))[0] for c in (components - low) / span])  # in [0, 1]
+    ph, pw = tiles.shape[1:3]
+    gap = max(1, ph // 3)
+    blank = np.ones((nrows * ncols - n, *tiles.shape[1:]))  # white: the empty places of the last row
+    grid = mosaic(np.concatenate([tiles, blank]).reshape(nrows, ncols, *tiles.shape[1:]), gap, fill=1.0)
+    width = 1.3 * ncols  # inches; the mosaic fills the width, with 0.7 in above it for the titles
+    height = 0.96 * width * grid.shape[0] / grid.shape[1]
+    fig = Figure(figsize=(width, height + 0.8))
+    ax = fig.add_axes((0.02, 0.1 / (height + 0.8), 0.96, height / (height + 0.8)))
+    ax.imshow(grid, cmap="gray" if grid.ndim == 2 else None, vmin=0, vmax=1, interpolation="nearest")
+    ax.set_axis_off()
+    for i in range(n):
+        r, c = divmod(i, ncols)
+        x, y = c * (pw + gap) + (pw - 1) / 2, r * (ph + gap) - 0.5 - gap / 4
+        ax.text(x, y, f"PC {i + 1} ({100 * explained[i]:.1f}%)", fontsize=7, ha="center", va="bottom")
     kind = "RGB" if chans == 3 else ("Grey-scale" if chans == 1 else f"{chans}-channel (mean shown)")
     fig.suptitle(title or f"{kind} embedding filters: first {n} principal components", fontsize=10)
     return _save(fig, path)
