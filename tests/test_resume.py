@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -131,6 +132,17 @@ def test_a_runs_own_config_yaml_resumes_that_run(tmp_path, capsys):
     assert main(["train", str(older / "config.yaml"), "run.resume=true"]) == 0
     assert f"resuming {older} at step 2" in capsys.readouterr().out
     assert read_train_state(older / STATE_NAME)[0]["step"] == 6
+
+
+def test_the_final_line_times_the_steps_this_process_trained(tmp_path, capsys):
+    run_dir = stop_after(tiny(tmp_path, "schedule.steps=6"), 2)
+    capsys.readouterr()
+    assert main(["train", str(run_dir / "config.yaml"), "run.resume=true"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    wall, steps, steps_s = re.search(r"wall time ([\d.]+) s \((\d+) steps in ([\d.]+) s\)", last).groups()
+    assert steps == "4" and float(steps_s) <= float(wall)  # 4 of the 6: the other 2 were trained before
+    result = train(tiny(tmp_path, "schedule.steps=6", "run.name=fresh"))
+    assert result.steps_run == 6 and 0 < result.steps_s < result.wall_s
 
 
 def test_a_moved_run_directory_resumes_as_it_is(tmp_path):

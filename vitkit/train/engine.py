@@ -106,8 +106,10 @@ class TrainResult:
     run_dir: Path
     step: int
     metrics: dict[str, float] = field(default_factory=dict)  # the final evaluation
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # this process, from set-up to the last plot
     num_params: int = 0
+    steps_run: int = 0  # the steps this process trained (fewer than step after a resume)
+    steps_s: float = 0.0  # the seconds they took, the evaluations between them included
 
 
 def _size(dataset: Dataset[Any]) -> int:
@@ -797,12 +799,14 @@ class Trainer:
         self.pace = Pace(self.step, self.total_steps) if self.dist.is_main else None
         batches = self.batches(self.step)
         self.t_window, self.images = time.perf_counter(), 0  # throughput is this process's
+        first_step, t_steps = self.step, time.perf_counter()
         try:
             with self._signals_stop_at_step_boundary():
                 while self.step < self.total_steps:
                     self.train_one_epoch(batches, progress)
         finally:
             progress.close()
+        steps_run, steps_s = self.step - first_step, time.perf_counter() - t_steps
         if self.finished:  # a finished run resumed: its final evaluation is recorded already
             final = self.last_eval
         else:
@@ -816,7 +820,8 @@ class Trainer:
             from ..report import write_run_report  # report/ sits above train/: imported where it is used
 
             write_run_report(self.run_dir, device=self.device)  # report.html: the run on one page
-        return TrainResult(self.run_dir, self.step, final, time.perf_counter() - self.t_start, count_params(self.model))
+        wall = time.perf_counter() - self.t_start
+        return TrainResult(self.run_dir, self.step, final, wall, count_params(self.model), steps_run, steps_s)
 
     def close(self) -> None:
         """Leave the process group, restore torch's thread count and release the run directory."""
