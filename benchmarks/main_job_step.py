@@ -7,10 +7,12 @@ Two trainers of the shipped digits config in one process, taking turns round by 
 
     python benchmarks/main_job_step.py                  # under a minute on 2 CPU cores
     python benchmarks/main_job_step.py --profile 30     # then each arm's top ops (torch.profiler, 30 steps)
+    python benchmarks/main_job_step.py --arm exact-gelu=model.gelu=exact   # shipped against other overrides
 
 Prints each arm's median ms per step (full training steps: data, forward, backward, clip, AdamW), the paired
-ratio with its 95% interval, the 1,320 steps of the main job that this makes, and the fixed cost of a step
-(the shipped arm at batch 2). Speed needs a quiet machine: the load average is checked before and after.
+ratio with its 95% interval, the 1,320 steps of the main job that this makes, the fixed cost of a step (the
+shipped arm at batch 2) and the floor the matmuls set (the shipped step's matmuls replayed alone at their shapes).
+Speed needs a quiet machine: the load average is checked before and after.
 """
 
 from __future__ import annotations
@@ -64,6 +66,39 @@ def profile_table(step: Callable[[], float], threads: int, steps: int) -> str:
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
 
 
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def matmul_floor(step: Callable[[], float], threads: int, rounds: int = 7) -> tuple[float, int, float]:
+    """The matmuls of one training step replayed alone at their shapes (from the profiler): (median seconds for
+    all of them, how many there are, their GFLOP). What the step would take if nothing but its matmuls ran."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.set_num_threads(threads)
+    step()
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        step()
+    calls = []
+    for event in prof.events():
+        if event.name in MATMULS:
+            shapes = [tuple(s) for s in event.input_shapes if s]  # addmm: (bias, a, b); mm, bmm: (a, b)
+            calls.append((event.name, [torch.randn(s) for s in shapes]))
+    ops = {"aten::mm": torch.mm, "aten::addmm": torch.addmm, "aten::bmm": torch.bmm}
+    flops = sum(2 * a.numel() * b.shape[-1] for _, (*_, a, b) in calls)  # a: (m, k) or (batch, m, k)
+
+    def replay() -> None:
+        for name, args in calls:
+            ops[name](*args)
+
+    replay()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        replay()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), len(calls), flops / 1e9
+
+
 def main() -> None:
     from vitkit.bench.stats import load_average, load_warnings, paired_ratio_stats
     from vitkit.device import usable_cores
@@ -72,26 +107,48 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15, help="rounds, each arm timed once a round (default 15)")
     p.add_argument("--steps", type=int, default=40, help="training steps an arm is timed for a round (default 40)")
     p.add_argument("--profile", type=int, default=0, help="then profile this many steps of each arm (default 0)")
+    p.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+        help="compare the shipped config with these overrides instead of sdpa-1 (repeatable)",
+    )
     args = p.parse_args()
+    chosen = dict(ARMS)
+    if args.arm:
+        chosen = {"shipped": []}
+        for arm in args.arm:
+            name, sep, overrides = arm.partition("=")
+            if not sep or not name or not overrides or name in chosen:
+                p.error(f"--arm {arm!r}: expected a new NAME=KEY=VALUE[,KEY=VALUE]")
+            chosen[name] = overrides.split(",")
 
     before = load_average()
     with contextlib.ExitStack() as stack:
-        arms = {name: stack.enter_context(trainer(overrides)) for name, overrides in ARMS.items()}
+        arms = {name: stack.enter_context(trainer(overrides)) for name, overrides in chosen.items()}
         seconds: dict[str, list[float]] = {name: [] for name in arms}
         for _ in range(args.rounds):
             for name, (step, threads, _) in arms.items():
                 seconds[name].append(timed(step, threads, args.steps))
         after = load_average()
         tables = {name: profile_table(s, n, args.profile) for name, (s, n, _) in arms.items()} if args.profile else {}
+        floor = matmul_floor(*arms["shipped"][:2])
     with trainer(["optim.batch_size=2"]) as (small, small_threads, _):
         fixed = statistics.median(timed(small, small_threads, args.steps) for _ in range(5))
 
     print(f"the main job's training step (digits config, batch 64), {args.rounds} rounds of {args.steps} steps")
     for name, per_step in seconds.items():
         ms, (_, threads, total) = statistics.median(per_step) * 1e3, arms[name]
-        print(f"  {name:8s} {threads} thread(s)  {ms:6.2f} ms a step  -> {ms * total / 1e3:5.1f} s for {total:,} steps")
-    print(f"  shipped / sdpa-1 speed-up: {paired_ratio_stats(seconds['sdpa-1'], seconds['shipped'])}")
+        print(f"  {name:10s} {threads} thread(s) {ms:6.2f} ms a step -> {ms * total / 1e3:5.1f} s for {total:,} steps")
+    for name in list(arms)[1:]:
+        print(f"  shipped / {name} speed-up: {paired_ratio_stats(seconds[name], seconds['shipped'])}")
     print(f"  fixed cost of a step (shipped, batch 2): {fixed * 1e3:.2f} ms")
+    seconds_mm, count, gflop = floor
+    print(
+        f"  the shipped step's {count} matmuls alone (mm, addmm, bmm at its shapes, {gflop:.2f} GFLOP): "
+        f"{seconds_mm * 1e3:.2f} ms, {gflop / seconds_mm:.0f} GFLOP/s"
+    )
     for line in load_warnings(before, after, max(t for _, t, _ in arms.values()), usable_cores()):
         print(line)
     for name, table in tables.items():
