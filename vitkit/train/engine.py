@@ -106,7 +106,7 @@ class TrainResult:
     run_dir: Path
     step: int
     metrics: dict[str, float] = field(default_factory=dict)  # the final evaluation
-    wall_s: float = 0.0  # this process, from set-up to the last plot
+    wall_s: float = 0.0  # this process, from set-up to the run page written
     num_params: int = 0
     steps_run: int = 0  # the steps this process trained (fewer than step after a resume)
     steps_s: float = 0.0  # the seconds they took, the evaluations between them included
