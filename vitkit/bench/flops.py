@@ -13,6 +13,7 @@ from torch import nn
 
 from ..models import ViTConfig
 from ..models.common import as_pair
+from ..models.heads import FIRST_TOKEN
 from ..models.merge import merged_away
 from ..models.posemb import relative_table_shape
 
@@ -46,7 +47,7 @@ def vit_flops(
     # relative positions: (n x hd) @ (hd x E) per head for the patch queries, E offsets; the class token has none
     offsets = math.prod(relative_table_shape((gh, gw), config.relative_dims)) if config.relative_dims else 0
     parts = dict.fromkeys(("qkv", "attention", "relative", "proj", "mlp", "merge"), 0)
-    class_only = logits_path and config.classifier in ("token", "first")  # the last block computes one token
+    class_only = logits_path and config.classifier in FIRST_TOKEN  # the last block computes one token
     merge = config.token_merge if logits_path else 0  # token merging acts in forward() only
     for i in range(L):
         q = 1 if class_only and i == L - 1 else t  # queries, and so projection and MLP rows; keys: all t

@@ -18,6 +18,7 @@ from torch import nn
 from .common import Mlp
 
 CLASSIFIERS = ("token", "gap", "map", "first")
+FIRST_TOKEN = ("token", "first")  # the poolings that read the first token alone
 
 
 class MAPHead(nn.Module):
@@ -79,7 +80,7 @@ def pool_tokens(
 ) -> torch.Tensor:
     """Encoded tokens (B, N, D) -> (B, D): the class token or first token, the MAP head's output, or the mean of
     the patch tokens (the tokens after the ``num_prefix_tokens`` class token)."""
-    if classifier in ("token", "first"):
+    if classifier in FIRST_TOKEN:
         return x[:, 0]
     if classifier == "map":
         if attn_pool is None:

@@ -44,7 +44,7 @@ from .common import (
     replace_config,
     zero_head,
 )
-from .heads import CLASSIFIERS, MAPHead, pool_tokens
+from .heads import CLASSIFIERS, FIRST_TOKEN, MAPHead, pool_tokens
 from .merge import merge_tokens
 from .posemb import (
     relative_index,
@@ -155,7 +155,7 @@ class ViTConfig:
         if self.token_merge < 0:
             raise ConfigError(f"ViTConfig.token_merge={self.token_merge!r}: expected tokens per block, >= 0")
         if self.token_merge and (
-            self.classifier not in ("token", "first") or self.relative_dims or self.pos_embed_where != "input"
+            self.classifier not in FIRST_TOKEN or self.relative_dims or self.pos_embed_where != "input"
         ):
             raise ConfigError(
                 f"ViTConfig.token_merge={self.token_merge}: token merging needs a head that reads the first token "
@@ -582,7 +582,7 @@ class VisionTransformer(nn.Module):
         too, as no other token of the last block reaches the loss. The last block's output (and what its hooks
         see) is then (B, 1, D); forward_features and forward_intermediates give every token. Token merging
         (config ``token_merge``) applies here only."""
-        out_tokens = 1 if self.config.classifier in ("token", "first") else None
+        out_tokens = 1 if self.config.classifier in FIRST_TOKEN else None
         patches, grid = self.patch_embed(x)
         tokens = self.embed_tokens(patches, grid)
         return self.forward_head(self.encode(tokens, attn_impl, out_tokens, grid=grid, merge=True))
