@@ -9,9 +9,10 @@ Two trainers of the shipped digits config in one process, taking turns round by 
     python benchmarks/main_job_step.py --profile 30     # then each arm's top ops (torch.profiler, 30 steps)
     python benchmarks/main_job_step.py --arm exact-gelu=model.gelu=exact   # shipped against other overrides
 
-Prints each arm's median ms per step (full training steps: data, forward, backward, clip, AdamW), the paired
-ratio with its 95% interval, the 1,320 steps of the main job that this makes, the fixed cost of a step (the
-shipped arm at batch 2) and the floor the matmuls set (the shipped step's matmuls replayed alone at their shapes).
+Prints each arm's median ms per step (full training steps: data, forward, backward, clip, AdamW) and the
+seconds that makes for all of that arm's steps (the main job's run), the paired ratio of those run times with its
+95% interval, the fixed cost of a step (the shipped arm at batch 2) and the floor the matmuls set (the shipped
+step's matmuls replayed alone at their shapes).
 Speed needs a quiet machine: the load average is checked before and after.
 """
 
@@ -31,8 +32,9 @@ QUIET = ["run.progress=false", "run.plots=false", "run.eval_every=0", "run.log_e
 
 
 @contextlib.contextmanager
-def trainer(overrides: list[str]) -> Iterator[tuple[Callable[[], float], int, int]]:
-    """A Trainer of the digits config with these overrides: (one training step, its thread count, the run's steps)."""
+def trainer(overrides: list[str]) -> Iterator[tuple[Callable[[], float], int, int, int]]:
+    """A Trainer of the digits config with these overrides: (one training step, its thread count, the run's steps,
+    its batch size)."""
     from vitkit.train import load_config
     from vitkit.train.engine import Trainer
 
@@ -41,7 +43,7 @@ def trainer(overrides: list[str]) -> Iterator[tuple[Callable[[], float], int, in
         threads = torch.get_num_threads()  # what the config asked for, capped at the usable cores
         try:
             batches = t.batches(0)
-            yield (lambda: t.train_step(batches)), threads, t.total_steps
+            yield (lambda: t.train_step(batches)), threads, t.total_steps, t.cfg.optim.batch_size
         finally:
             t.close()
 
@@ -129,27 +131,31 @@ def main() -> None:
         arms = {name: stack.enter_context(trainer(overrides)) for name, overrides in chosen.items()}
         seconds: dict[str, list[float]] = {name: [] for name in arms}
         for _ in range(args.rounds):
-            for name, (step, threads, _) in arms.items():
+            for name, (step, threads, *_) in arms.items():
                 seconds[name].append(timed(step, threads, args.steps))
         after = load_average()
-        tables = {name: profile_table(s, n, args.profile) for name, (s, n, _) in arms.items()} if args.profile else {}
+        tables = {name: profile_table(*arm[:2], args.profile) for name, arm in arms.items()} if args.profile else {}
         floor = matmul_floor(*arms["shipped"][:2])
-    with trainer(["optim.batch_size=2"]) as (small, small_threads, _):
+    with trainer(["optim.batch_size=2"]) as (small, small_threads, *_):
         fixed = statistics.median(timed(small, small_threads, args.steps) for _ in range(5))
 
-    print(f"the main job's training step (digits config, batch 64), {args.rounds} rounds of {args.steps} steps")
+    print(f"the main job's training step (digits config), {args.rounds} rounds of {args.steps} steps")
+    run_s = {name: [s * arms[name][2] for s in per_step] for name, per_step in seconds.items()}  # a whole run's
     for name, per_step in seconds.items():
-        ms, (_, threads, total) = statistics.median(per_step) * 1e3, arms[name]
-        print(f"  {name:10s} {threads} thread(s) {ms:6.2f} ms a step -> {ms * total / 1e3:5.1f} s for {total:,} steps")
-    for name in list(arms)[1:]:
-        print(f"  shipped / {name} speed-up: {paired_ratio_stats(seconds[name], seconds['shipped'])}")
+        ms, (_, threads, total, batch) = statistics.median(per_step) * 1e3, arms[name]
+        print(
+            f"  {name:10s} {threads} thread(s), batch {batch:3d}: {ms:6.2f} ms a step -> "
+            f"{ms * total / 1e3:5.1f} s for {total:,} steps"
+        )
+    for name in list(arms)[1:]:  # of whole runs: arms of other batch sizes take other numbers of steps
+        print(f"  shipped / {name} speed-up of a run: {paired_ratio_stats(run_s[name], run_s['shipped'])}")
     print(f"  fixed cost of a step (shipped, batch 2): {fixed * 1e3:.2f} ms")
     seconds_mm, count, gflop = floor
     print(
         f"  the shipped step's {count} matmuls alone (mm, addmm, bmm at its shapes, {gflop:.2f} GFLOP): "
         f"{seconds_mm * 1e3:.2f} ms, {gflop / seconds_mm:.0f} GFLOP/s"
     )
-    for line in load_warnings(before, after, max(t for _, t, _ in arms.values()), usable_cores()):
+    for line in load_warnings(before, after, max(arm[1] for arm in arms.values()), usable_cores()):
         print(line)
     for name, table in tables.items():
         print(f"\n{name}: {args.profile} steps\n{table}", flush=True)  # flushed: profiler teardown at exit may not
