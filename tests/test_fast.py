@@ -289,6 +289,58 @@ def test_optimize_for_inference_falls_back_to_fp32_where_bf16_is_emulated(monkey
         optimize_for_inference(tiny_vit(), dtype="fp32", compile="fastest")
 
 
+ONEDNN = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@ONEDNN
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [True, False])
+def test_packed_linear_computes_the_linear_layer(dtype, bias):
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(24, 40, bias=bias).to(dtype).requires_grad_(False)
+    packed = fast_mod.PackedLinear(linear)
+    x = torch.randn(3, 9, 24, dtype=dtype)
+    for inp in (x, x[0], x[:, :2], x.transpose(0, 1)):  # 3-D, 2-D and strided views
+        want = (inp.double() @ linear.weight.double().t() + (linear.bias.double() if bias else 0)).to(dtype)
+        tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 1e-2}
+        torch.testing.assert_close(packed(inp), want, **tol)
+    # the packed weight is oneDNN's opaque copy, not saved: the state is the linear layer's bias alone
+    assert list(packed.state_dict()) == (["bias"] if bias else []) and packed.bias is linear.bias
+
+
+@ONEDNN
+def test_optimize_for_inference_runs_a_packed_copy_sharing_the_models_tensors():
+    model = tiny_vit()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+    linears = sum(type(m) is torch.nn.Linear for m in model.modules())
+    fast = optimize_for_inference(model, "fp32", compile="none")
+    # the model keeps its layers; the copy it runs has every nn.Linear packed and no tensor of its own besides
+    assert sum(type(m) is torch.nn.Linear for m in model.modules()) == linears > 0
+    assert sum(isinstance(m, fast_mod.PackedLinear) for m in fast.model.modules()) == linears
+    assert not any(type(m) is torch.nn.Linear for m in fast.model.modules())
+    own = {id(t) for t in (*model.parameters(), *model.buffers())}
+    assert {id(t) for t in (*fast.parameters(), *fast.buffers())} <= own
+    torch.testing.assert_close(fast(x), want, atol=1e-5, rtol=1e-5)
+    # where torch has no oneDNN, the model itself runs
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fast_mod, "can_pack_linears", lambda device: False)
+        assert optimize_for_inference(model, "fp32", compile="none").model is model
+
+
+@ONEDNN
+@pytest.mark.skipif(not fast_mod.can_compile(torch.device("cpu")), reason="inductor needs a C++ compiler")
+def test_packed_copy_compiles_to_the_models_function():
+    model = tiny_vit()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+    fast = optimize_for_inference(model, "fp32", compile="default")
+    assert isinstance(fast.model.blocks[0].attn.qkv, fast_mod.PackedLinear)
+    torch.testing.assert_close(fast(x), want, atol=1e-5, rtol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------------------- ONNX
 def test_export_onnx_dynamic_batch_parity(tmp_path, capsys):
     pytest.importorskip("onnxruntime")
