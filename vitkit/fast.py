@@ -22,7 +22,7 @@ What the switch adds, and why each step pays (measured with ``vitkit bench``):
   fresh pages that the kernel faults in and zero-fills on every call.
 - fp32 and bf16 Linear weights packed once for oneDNN on the CPU (PackedLinear, in a copy of the model that
   shares its other tensors): each call is then one oneDNN matmul, neither MKL's sgemm (fp32) nor a weight
-  reorder on every call (bf16). ViT-B/16 ran 1.12-1.23x faster in fp32 and 1.07-1.10x in bf16 eagerly.
+  reorder on every call (bf16).
 - torch.compile with inductor *freezing*: weights become constants, so inductor folds them, packs those it
   finds (fp32 for MKL, bf16 for oneDNN) and fuses bias/GELU/residual epilogues. Freezing is a global inductor
   setting; it is switched on only around this model's calls (compilation happens lazily on the first call, and
@@ -271,7 +271,7 @@ def can_pack_linears(device: torch.device) -> bool:
 def pack_linears(model: nn.Module) -> nn.Module:
     """A copy of a frozen CPU model in which every nn.Linear is a PackedLinear; the model is untouched.
 
-    The copy shares every parameter and buffer with the model (the packed weights are the only new memory), so
+    The copy shares every parameter and buffer with the model (the packed weights are its only new weights), so
     it is the model's function, to the rounding of another matmul kernel, as long as the model's weights stay
     as they were. Subclasses of nn.Linear (LoRA, quantised layers, nn.MultiheadAttention's projection, which
     is read by weight) are left as they are.
