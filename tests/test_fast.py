@@ -295,15 +295,20 @@ ONEDNN = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="to
 @ONEDNN
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [True, False])
-def test_packed_linear_computes_the_linear_layer(dtype, bias):
+@pytest.mark.parametrize("gelu", [None, "none", "tanh"])
+def test_packed_linear_computes_the_linear_layer(dtype, bias, gelu):
     torch.manual_seed(0)
     linear = torch.nn.Linear(24, 40, bias=bias).to(dtype).requires_grad_(False)
-    packed = fast_mod.PackedLinear(linear)
+    packed = fast_mod.PackedLinear(linear, None if gelu is None else torch.nn.GELU(approximate=gelu))
     x = torch.randn(3, 9, 24, dtype=dtype)
     for inp in (x, x[0], x[:, :2], x.transpose(0, 1)):  # 3-D, 2-D and strided views
-        want = (inp.double() @ linear.weight.double().t() + (linear.bias.double() if bias else 0)).to(dtype)
+        want = inp.double() @ linear.weight.double().t() + (linear.bias.double() if bias else 0)
+        if gelu == "none":  # the exact GELU, x Phi(x), from the error function
+            want = want * 0.5 * (1 + torch.erf(want / 2**0.5))
+        elif gelu == "tanh":  # and its tanh approximation
+            want = 0.5 * want * (1 + torch.tanh((2 / torch.pi) ** 0.5 * (want + 0.044715 * want**3)))
         tol = {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 3e-2, "rtol": 1e-2}
-        torch.testing.assert_close(packed(inp), want, **tol)
+        torch.testing.assert_close(packed(inp), want.to(dtype), **tol)
     # the packed weight is oneDNN's opaque copy, not saved: the state is the linear layer's bias alone
     assert list(packed.state_dict()) == (["bias"] if bias else []) and packed.bias is linear.bias
 
@@ -320,6 +325,9 @@ def test_optimize_for_inference_runs_a_packed_copy_sharing_the_models_tensors():
     assert sum(type(m) is torch.nn.Linear for m in model.modules()) == linears > 0
     assert sum(isinstance(m, fast_mod.PackedLinear) for m in fast.model.modules()) == linears
     assert not any(type(m) is torch.nn.Linear for m in fast.model.modules())
+    for block in fast.model.blocks:  # each MLP's GELU runs in its first layer
+        assert block.mlp.fc1.post_op == "gelu" and isinstance(block.mlp.act, torch.nn.Identity)
+    assert all(isinstance(block.mlp.act, torch.nn.GELU) for block in model.blocks)
     own = {id(t) for t in (*model.parameters(), *model.buffers())}
     assert {id(t) for t in (*fast.parameters(), *fast.buffers())} <= own
     torch.testing.assert_close(fast(x), want, atol=1e-5, rtol=1e-5)

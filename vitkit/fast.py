@@ -48,6 +48,7 @@ from torch import nn
 from .device import bf16_is_fast, cpu_has_vnni
 from .errors import UserError
 from .models import VisionTransformer
+from .models.common import Mlp
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -240,27 +241,33 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
 
 
 class PackedLinear(nn.Module):
-    """An nn.Linear for CPU inference whose weight is pre-packed once in oneDNN's blocked layout.
+    """An nn.Linear for CPU inference whose weight is pre-packed once in oneDNN's blocked layout; with ``gelu``
+    (the nn.GELU after it) it computes ``gelu(linear(x))``, the GELU applied by oneDNN to the matmul's output.
 
     An nn.Linear on the CPU multiplies through BLAS (MKL's sgemm in fp32) or, in bf16, through oneDNN with its
     weight reordered into oneDNN's layout on every call. Packed once, each call is one oneDNN matmul with the bias
     added in it: ViT-B/16 on 2 AMD EPYC cores (AVX512-BF16) ran 1.12-1.23x faster in fp32 and 1.07-1.10x in bf16
     eagerly, and 1.18x faster in fp32 compiled, where inductor's freezing packs fp32 weights for MKL instead (in
-    bf16 it packs them for oneDNN itself: 1.00x). For inference only: no gradient flows through it.
+    bf16 it packs them for oneDNN itself: 1.00x). The MLP's GELU fused into its first layer saves a pass over the
+    hidden activations: 1.02x in fp32, 1.06x in bf16 at batch 1 and 8, eagerly. For inference only: no gradient
+    flows through it.
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, gelu: nn.GELU | None = None) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         # an opaque oneDNN tensor, kept out of state_dict and .to(): the weight as saved is the nn.Linear's
         self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias  # shared with the linear layer
+        # oneDNN's post-op: "gelu" with algorithm "none" (erf) or "tanh", nn.GELU's own names for the two
+        self.post_op, self.algorithm = ("gelu", gelu.approximate) if gelu is not None else ("none", "")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, self.post_op, [], self.algorithm)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        gelu = f", gelu={self.algorithm!r}" if self.post_op == "gelu" else ""
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{gelu}"
 
 
 def can_pack_linears(device: torch.device) -> bool:
@@ -269,7 +276,8 @@ def can_pack_linears(device: torch.device) -> bool:
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
-    """A copy of a frozen CPU model in which every nn.Linear is a PackedLinear; the model is untouched.
+    """A copy of a frozen CPU model in which every nn.Linear is a PackedLinear, an MLP's GELU fused into its
+    first layer; the model is untouched.
 
     The copy shares every parameter and buffer with the model (the packed weights are its only new weights), so
     it is the model's function, to the rounding of another matmul kernel, as long as the model's weights stay
@@ -278,6 +286,10 @@ def pack_linears(model: nn.Module) -> nn.Module:
     """
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     packed = copy.deepcopy(model, shared)
+    for mlp in [m for m in packed.modules() if isinstance(m, Mlp)]:
+        if type(mlp.fc1) is nn.Linear and type(mlp.act) is nn.GELU:
+            mlp.add_module("fc1", PackedLinear(mlp.fc1, mlp.act))  # replaces the layer under its name
+            mlp.add_module("act", nn.Identity())
     for parent in list(packed.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
