@@ -71,3 +71,25 @@ def test_precision_comparison_without_an_fp32_row_checks_against_the_fp32_model(
     _, targets, doc = bench.precision_comparison(args, 1, ["int8"], {}, "vit_ti16", img_size=32, depth=1)
     assert set(doc["rows"]) == {"int8 vitkit", "int8 transformers"} and set(doc["peaks_g_per_s"]) == {"int8"}
     assert len(targets) == 2
+
+
+def test_gpu_bench_takes_each_gpus_own_datasheet_peak_and_gives_each_row_its_switches(monkeypatch):
+    """bench_gpu.py: an H100 PCIe is not taken for an SXM part (756 against 989.4 dense bf16 TFLOP/s), an unknown GPU
+    gets no invented peak; batch 1 is compiled with CUDA graphs, large batches and training with mode "default"."""
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT.parent / "bench_gpu.py")
+    gpu = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu)
+    for name, want in [("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.4)]:
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device, name=name: name)
+        assert gpu.dense_bf16_peak(torch.device("cuda")) == (want, name)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA T4")
+    assert gpu.dense_bf16_peak(torch.device("cuda"))[0] != gpu.dense_bf16_peak(torch.device("cuda"))[0]  # NaN
+    args = argparse.Namespace(infer_batches=[1, 256], train_batch=128, repeats=3, max_repeats=3, warmup=1, overrides={})
+    rows = {
+        label: (cfg.mode, cfg.dtype, cfg.batch_size, modes) for label, cfg, modes in gpu.bench_rows("vit_b16", args, {})
+    }
+    assert rows == {
+        "vit_b16 inference batch 1": ("infer", "bf16", 1, ("none", "reduce-overhead")),
+        "vit_b16 inference batch 256": ("infer", "bf16", 256, ("none", "default")),
+        "vit_b16 training batch 128": ("train", "bf16-autocast", 128, ("none", "default")),
+    }

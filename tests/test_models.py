@@ -105,10 +105,11 @@ def test_token_grids_of_the_family():
     ],
     ids=["token", "gap", "pre_logits", "learned_2d", "sincos_2d", "no_posemb", "exact_gelu", "hybrid"],
 )
-def test_fused_and_explicit_attention_agree_and_every_parameter_gets_a_gradient(overrides):
+def test_fused_and_explicit_attention_agree_and_every_parameter_gets_a_gradient(overrides, device):
     model = tiny(**overrides)
     randomize_head(model)
-    x = torch.randn(2, 3, 32, 32)
+    model.to(device)
+    x = torch.randn(2, 3, 32, 32).to(device)
     with torch.no_grad():
         fused = model.forward_features(x)
         explicit = model.forward_features(x, attn_impl="explicit")
@@ -121,7 +122,7 @@ def test_fused_and_explicit_attention_agree_and_every_parameter_gets_a_gradient(
     assert len(inter["attention"]) == TINY["depth"]
     for probs in inter["attention"]:
         assert probs.shape == (2, TINY["num_heads"], n_tokens, n_tokens)
-        torch.testing.assert_close(probs.sum(-1), torch.ones(2, TINY["num_heads"], n_tokens))
+        torch.testing.assert_close(probs.sum(-1), torch.ones(2, TINY["num_heads"], n_tokens, device=device))
 
     model.train()
     model(x).square().mean().backward()
@@ -132,10 +133,13 @@ def test_fused_and_explicit_attention_agree_and_every_parameter_gets_a_gradient(
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
 @pytest.mark.parametrize("overrides", [{}, {"representation_size": 24}, {"depth": 1}])
-def test_forward_runs_the_last_block_on_the_class_token_alone_with_the_same_logits_and_gradients(overrides, attn_impl):
+def test_forward_runs_the_last_block_on_the_class_token_alone_with_the_same_logits_and_gradients(
+    overrides, attn_impl, device
+):
     model = tiny(**overrides)
     randomize_head(model)
-    x = torch.randn(3, 3, 32, 32)
+    model.to(device)
+    x = torch.randn(3, 3, 32, 32).to(device)
     seen = []
     model.blocks[-1].mlp.fc1.register_forward_hook(lambda m, args, out: seen.append(args[0].shape))
 
@@ -258,10 +262,10 @@ def test_resample_pos_embed_non_square_and_errors():
 
 
 @pytest.mark.parametrize("pos_embed", ["learned", "learned_2d", "sincos_2d"])
-def test_set_image_size_equals_dynamic_forward(pos_embed):
-    model = tiny(pos_embed=pos_embed)
-    dynamic = tiny(pos_embed=pos_embed, dynamic_img_size=True)
-    x = torch.randn(2, 3, 48, 40)
+def test_set_image_size_equals_dynamic_forward(pos_embed, device):
+    model = tiny(pos_embed=pos_embed).to(device)
+    dynamic = tiny(pos_embed=pos_embed, dynamic_img_size=True).to(device)
+    x = torch.randn(2, 3, 48, 40).to(device)
     with torch.no_grad():
         y_dynamic = dynamic.forward_features(x)
         model.set_image_size((48, 40))

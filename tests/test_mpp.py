@@ -127,9 +127,9 @@ def test_the_model_corrupts_patch_embeddings_before_the_position_embedding_never
 
 
 @pytest.mark.parametrize("classifier", ["token", "gap"])
-def test_every_trainable_parameter_gets_a_gradient_and_the_pooling_head_is_frozen(classifier):
-    model = MPPModel(VisionTransformer(**{**TINY_VIT, "classifier": classifier}), MPPConfig())
-    pred, _ = model(torch.randn(2, 3, 16, 16))
+def test_every_trainable_parameter_gets_a_gradient_and_the_pooling_head_is_frozen(classifier, device):
+    model = MPPModel(VisionTransformer(**{**TINY_VIT, "classifier": classifier}), MPPConfig()).to(device)
+    pred, _ = model(torch.randn(2, 3, 16, 16).to(device))
     pred.square().sum().backward()
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert {n for n, p in model.named_parameters() if p.grad is not None} == trainable
@@ -299,7 +299,7 @@ def test_mpp_trains_under_two_process_ddp(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port)]
-    cmd += ["-m", "vitkit.cli", "train", str(config), "run.name=ddp"]
+    cmd += ["-m", "vitkit.cli", "train", str(config), "run.name=ddp", "run.device=cpu"]  # gloo, also beside a GPU
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -27,8 +27,8 @@ def tiny(tmp_path: Path, *overrides: str):
 
 
 @pytest.mark.parametrize("warmup", [True, False])
-def test_the_average_is_the_exponential_average_of_every_step_with_its_warm_up(tmp_path, warmup):
-    trainer = Trainer(tiny(tmp_path, f"optim.polyak_warmup={warmup}"))
+def test_the_average_is_the_exponential_average_of_every_step_with_its_warm_up(tmp_path, warmup, device):
+    trainer = Trainer(tiny(tmp_path, f"optim.polyak_warmup={warmup}", f"run.device={device}"))
     try:
         decay = 0.8
         expected = {n: p.detach().double().clone() for n, p in trainer.model.named_parameters()}  # starts at init
@@ -46,7 +46,7 @@ def test_the_average_is_the_exponential_average_of_every_step_with_its_warm_up(t
         assert any(not torch.equal(raw[n], got[n]) for n in raw)  # a real average, not a copy
         # evaluation reads the averaged weights, and its record says so
         metrics = trainer.evaluate()
-        assert metrics == evaluate(trainer.averaged.module, trainer.eval_ds)
+        assert metrics == evaluate(trainer.averaged.module, trainer.eval_ds, device)
         record = trainer.metrics.records()[-1]
         assert record["weights"].startswith("polyak average 0.8")
         assert ("warm-up" in record["weights"]) == warmup

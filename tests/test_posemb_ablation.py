@@ -75,9 +75,9 @@ def test_config_relative_dims():
 
 # ------------------------------------------------------------------------------------ both attention paths
 @pytest.mark.parametrize("overrides", RELATIVE + WHERE)
-def test_fused_and_explicit_paths_agree_and_class_token_last_block_matches(overrides):
-    model = tiny(**overrides)
-    x = images()
+def test_fused_and_explicit_paths_agree_and_class_token_last_block_matches(overrides, device):
+    model = tiny(**overrides).to(device)
+    x = images().to(device)
     with torch.no_grad():
         fused = model.forward_features(x)
         explicit = model.forward_features(x, attn_impl="explicit")
@@ -92,9 +92,9 @@ def test_fused_and_explicit_paths_agree_and_class_token_last_block_matches(overr
     T = model.num_prefix_tokens + 16
     for probs in inter["attention"]:
         assert probs.shape == (2, 4, T, T)
-        torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, T))
+        torch.testing.assert_close(probs.sum(-1), torch.ones(2, 4, T, device=device))
     # the position term is really there: without it the outputs differ
-    plain = tiny(**{**overrides, "pos_embed": "none", "pos_embed_where": "input"})
+    plain = tiny(**{**overrides, "pos_embed": "none", "pos_embed_where": "input"}).to(device)
     plain.load_state_dict(model.state_dict(), strict=False)
     with torch.no_grad():
         assert (plain.forward_features(x) - fused).abs().max() > 1e-2

@@ -217,6 +217,37 @@ def test_one_step_train_checkpoint_and_load_back(tmp_path, capsys):
         cli_main(["eval", str(run), "--batch-size", "7", "--bogus"])
 
 
+def device_settings(device: torch.device) -> list[tuple[str, bool]]:
+    """(run.amp, run.compile) pairs to train with on device: fp16 (GradScaler) and compilation on CUDA only."""
+    settings = [("none", False), ("bf16", False)]
+    if device.type == "cuda":
+        settings += [("fp16", False), ("bf16", True)]
+    return settings
+
+
+@pytest.mark.filterwarnings("ignore:run.amp=bf16 on a CPU without native bf16")
+def test_trains_on_the_device_in_each_precision(tmp_path, device):
+    """run.device trains there in each precision the device has: the weights live on it, fp16 goes through the
+    GradScaler, the losses and the final evaluation are finite, and the saved weights are finite and trained."""
+    for amp, compiled in device_settings(device):
+        name = f"{amp}-compiled" if compiled else amp
+        overrides = [f"run.device={device}", f"run.amp={amp}", f"run.compile={compiled}", f"run.name={name}"]
+        trainer = Trainer(config_from_dict(tiny(tmp_path), overrides))
+        try:
+            assert {p.device.type for p in trainer.model.parameters()} == {device.type}, name
+            assert trainer.scaler.is_enabled() == (amp == "fp16"), name
+            result = trainer.fit()
+        finally:
+            trainer.close()
+        records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+        losses = [r["loss"] for r in records if r["kind"] == "train"]
+        assert losses and all(math.isfinite(v) for v in losses), (name, losses)
+        assert result.step == 4 and all(math.isfinite(v) for v in result.metrics.values()), (name, result.metrics)
+        saved = weights(result.run_dir)
+        assert all(torch.isfinite(v).all() for v in saved.values()), name
+        assert saved["head.weight"].abs().max() > 0, f"{name}: the zero-initialised head never moved"
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -296,6 +327,7 @@ def test_two_process_gloo_matches_one_process(tmp_path):
         "train",
         str(config),
         "run.name=ddp",
+        "run.device=cpu",  # gloo on the CPU, also where there is a GPU
     ]
     proc = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -52,7 +52,8 @@ from .models.common import Mlp
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
-COMPILE_MODES = ("none", "default", "max-autotune")
+# torch.compile modes; "reduce-overhead" replays CUDA graphs
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 
 def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
@@ -321,6 +322,8 @@ class InferenceModel(nn.Module):
         out_dtype = x.dtype if x.is_floating_point() else torch.float32
         with torch.no_grad():
             y = self._run(x.to(self.dtype), **self.call_kwargs)
+        if self.compile_mode == "reduce-overhead" and y.dtype == out_dtype:
+            y = y.clone()  # a CUDA graph's output buffer is overwritten by its next replay
         return y.to(out_dtype)
 
     def extra_repr(self) -> str:
@@ -378,7 +381,8 @@ def optimize_for_inference(
     ``precision``: "auto" (default: bf16 where native, else fp32), "fp32", "bf16" (fp32 with a warning where bf16
     is emulated) or "int8" (CPU: Linear layers in int8, see quantize_int8). ``dtype`` is the older
     spelling of fp32 / bf16 and still accepted. ``compile``: "auto" (compile wherever inductor can build kernels),
-    "none"/False, "default", "max-autotune" (slow to compile, sometimes faster on CUDA), True = "default".
+    "none"/False, "default", "reduce-overhead" (CUDA graphs: one launch per call, for small batches on a GPU),
+    "max-autotune" (slow to compile, sometimes faster on CUDA), True = "default".
 
     fp32 and bf16 convert the model in place (like ``model.to``: eval mode, frozen, cast) and wrap it (on the CPU,
     a copy of it with its Linear weights packed for oneDNN that shares every other tensor: see pack_linears); int8

@@ -169,13 +169,13 @@ class BenchReport:
 
 
 # ------------------------------------------------------------------------------------------------------- peak
-def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 4096) -> tuple[Callable[[], Any], int]:
+def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 8192) -> tuple[Callable[[], Any], int]:
     """A large square matmul in this dtype and its FLOPs: the ceiling utilisation is measured against.
 
     torch.int8 is the int8 x int8 -> int32 product (torch._int_mm: VNNI / AMX on CPUs, tensor cores on CUDA), the
-    ceiling of int8 inference. The size doubles from 256 while one product takes under 0.1 s, so emulated dtypes
-    stay affordable. The harness times the probe in turn with the models, so a busy machine slows the ceiling as
-    much as them.
+    ceiling of int8 inference. The size doubles from 256 while one product takes under 0.1 s (up to max_n; 8192 is
+    what a GPU needs to reach its peak), so emulated dtypes stay affordable. The harness times the probe in turn
+    with the models, so a busy machine slows the ceiling as much as them.
     """
     n = 256
     while True:
@@ -388,7 +388,13 @@ def run_bench(
 
     load_before = load_average()
     times = time_alternating(
-        {**steps, PROBE: probe}, cfg.repeats, cfg.warmup, device, until=ratios_settled, max_repeats=cfg.max_repeats
+        {**steps, PROBE: probe},
+        cfg.repeats,
+        cfg.warmup,
+        device,
+        settle_s=SETTLE_S if device.type == "cpu" else 0.0,  # no CPU thread pools to let go idle on a GPU
+        until=ratios_settled,
+        max_repeats=cfg.max_repeats,
     )
     notes = load_warnings(load_before, load_average(), torch.get_num_threads())
     peak = probe_flops / statistics.median(times.pop(PROBE)) / 1e9  # GFLOP/s under the same load as the models

@@ -196,4 +196,4 @@ def attention_distance(model: nn.Module, images: torch.Tensor, batch_size: int =
         total = d * b if total is None else total + d * b
         count += b
     assert total is not None  # images is not empty
-    return (total / count).numpy()
+    return (total / count).cpu().numpy()

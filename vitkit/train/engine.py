@@ -380,7 +380,8 @@ class Trainer:
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.train_model: nn.Module = self.ddp or self.model
         if cfg.run.compile:
-            self.train_model = cast(nn.Module, torch.compile(self.train_model))  # an OptimizedModule
+            # static shapes: every training batch of a run has one shape, and shape-generic kernels are slower
+            self.train_model = cast(nn.Module, torch.compile(self.train_model, dynamic=False))  # an OptimizedModule
 
         self.run_dir = self._prepare_run_dir()
         self.state_path = self.run_dir / STATE_NAME

@@ -1,0 +1,23 @@
+"""Shared fixtures: ``device`` runs a test on the CPU and, where CUDA is available, again on the GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES, ids=DEVICES)
+def device(request: pytest.FixtureRequest) -> torch.device:
+    return torch.device(request.param)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_unless_given_a_device(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test that takes no ``device`` (and is not in test_cuda.py) is a CPU test, also on a GPU machine: "auto"
+    devices resolve to the CPU in it. (Not through CUDA_VISIBLE_DEVICES, which would hide the GPU from the tests
+    that run after it in this process; tests that start processes give them run.device=cpu.)"""
+    if "device" in request.fixturenames or request.module.__name__.endswith("test_cuda"):
+        return
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -1,0 +1,118 @@
+"""CUDA only: SDPA's flash kernel in a bf16 forward, the inference switch's CUDA defaults (bf16, compiled) and its
+CUDA graphs, mixed-precision training through the engine, and a compiled training step against eager."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from test_fast import tiny_vit
+from test_train import tiny
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from vitkit import optimize_for_inference
+from vitkit.models import create_model
+from vitkit.train import Trainer, config_from_dict
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+CUDA = torch.device("cuda")
+ATTENTION_WORDS = ("flash", "fmha", "attention", "sdpa")  # in the names of SDPA's CUDA kernels
+
+
+def fixed_batch(tmp_path, name: str, *overrides: str):
+    """A tiny run on CUDA whose every step trains on the same 16 images: a 16-image train split, batches of 16."""
+    doc = tiny(tmp_path, data={"synthetic_size": 20}, schedule={"steps": 10, "warmup_steps": 1}, optim={"lr": 1e-2})
+    return config_from_dict(doc, ["run.device=cuda", f"run.name={name}", "run.log_every=1", *overrides])
+
+
+def test_a_bf16_vit_forward_runs_sdpa_as_flash_attention():
+    """ViT-S/16 (head_dim 64) in bf16 eval, attn_impl="auto", runs its attention in a flash kernel."""
+    torch.manual_seed(0)
+    model = create_model("vit_s16").eval().to(CUDA, torch.bfloat16)
+    x = torch.randn(2, 3, 224, 224).to(CUDA, torch.bfloat16)
+    with torch.no_grad():
+        model(x, attn_impl="auto")  # the first call's library set-up stays out of the profile
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            model(x, attn_impl="auto")
+            torch.cuda.synchronize()
+    kernels = sorted({event.name for event in prof.events() if event.device_type == DeviceType.CUDA})
+    attention = [k for k in kernels if any(word in k.lower() for word in ATTENTION_WORDS)]
+    print("attention kernels:", *attention, sep="\n  ")
+    assert any("flash" in k.lower() for k in kernels), kernels
+
+
+def test_optimize_for_inference_on_cuda_is_bf16_compiled_and_close_to_fp32():
+    """The switch's defaults on a CUDA model: bf16 and torch.compile; outputs within the CPU tests' bf16 bound."""
+    model = tiny_vit().to(CUDA)
+    x = torch.randn(3, 3, 32, 32).to(CUDA)
+    with torch.no_grad():
+        want = model(x)
+    fast = optimize_for_inference(model)
+    assert fast.precision == "bf16" and fast.dtype == torch.bfloat16 and fast.compile_mode != "none"
+    assert next(fast.parameters()).dtype == torch.bfloat16
+    got = fast(x)
+    assert got.dtype == torch.float32 and got.device == x.device
+    assert float((got - want).abs().max()) <= 5e-2 * max(1.0, float(want.abs().max()))
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_mixed_precision_training_lowers_the_loss_on_a_fixed_batch(tmp_path, amp):
+    """The engine trains under autocast on CUDA: the loss on a batch seen at every step falls, and fp16 (only)
+    scales it through an enabled GradScaler that ends at a finite scale."""
+    trainer = Trainer(fixed_batch(tmp_path, amp, f"run.amp={amp}"))
+    try:
+        assert len(trainer.train_ds) == trainer.cfg.optim.batch_size
+        assert trainer.scaler.is_enabled() == (amp == "fp16")
+        result = trainer.fit()
+    finally:
+        trainer.close()
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if r["kind"] == "train"]
+    assert len(losses) == 10 and all(math.isfinite(v) for v in losses), losses
+    assert losses[-1] < 0.5 * losses[0], losses
+    if amp == "fp16":
+        assert 0 < trainer.scaler.get_scale() < math.inf
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_reduce_overhead_results_survive_the_next_call(precision):
+    """compile="reduce-overhead" replays CUDA graphs, whose output buffer the next replay overwrites: each call's
+    result stays its own, in fp32 (returned as computed) as in bf16 (cast back to fp32)."""
+    model = tiny_vit().to(CUDA)
+    x1, x2 = torch.randn(2, 3, 3, 32, 32).to(CUDA)
+    with torch.no_grad():
+        want1, want2 = model(x1), model(x2)
+    fast = optimize_for_inference(model, precision, compile="reduce-overhead")
+    for _ in range(3):  # warm-up, then the graph is recorded and replayed
+        fast(x1)
+    got1 = fast(x1)
+    got2 = fast(x2)
+    tol = 1e-4 if precision == "fp32" else 5e-2
+    assert torch.allclose(got1, want1, atol=tol * max(1.0, float(want1.abs().max())), rtol=0)
+    assert torch.allclose(got2, want2, atol=tol * max(1.0, float(want2.abs().max())), rtol=0)
+
+
+@pytest.mark.parametrize("amp, rtol", [("none", 1e-4), ("bf16", 2e-2)])
+def test_a_compiled_training_step_matches_eager(tmp_path, amp, rtol):
+    """run.compile=true trains to eager's losses, in fp32 and in bf16 autocast: the first step's forward, and the
+    second's after a compiled backward and SGD update. The head is made random, as a zero head gives log K for
+    any model."""
+    losses = {}
+    for mode in ("eager", "compiled"):
+        overrides = [f"run.amp={amp}", f"run.compile={mode == 'compiled'}", "optim.name=sgd", "optim.lr=0.1"]
+        trainer = Trainer(fixed_batch(tmp_path, f"{amp}-{mode}", *overrides))
+        try:
+            head = trainer.model.head.weight
+            with torch.no_grad():
+                head.copy_(0.2 * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)))
+            batches = trainer.batches(0)
+            losses[mode] = [trainer.train_step(batches) for _ in range(2)]
+        finally:
+            trainer.close()
+    assert abs(losses["eager"][0] - math.log(4)) > 1e-2  # a random head: the loss depends on the whole forward
+    assert losses["compiled"] == pytest.approx(losses["eager"], rel=rtol)
