@@ -13,9 +13,9 @@ Every library gets the same switches, each timed in one loop that alternates bet
   torch.compile "default".
 
 MFU is the model's FLOPs (forward; 3x forward for a training step) per second over the GPU's dense bf16 peak
-from its datasheet (H100 SXM and H200: 989.4 TFLOP/s; the figure used is printed); a large bf16 matmul is timed
-in the same rounds and its rate printed beside it. Before the timings the script records which kernel SDPA
-ran for each library's attention (torch.profiler). Peak memory is the CUDA allocator's peak during one step
+from its datasheet (vitkit.bench.dense_bf16_peak: 989.4 TFLOP/s for H100 SXM and H200; printed); a large bf16
+matmul is timed in the same rounds and its rate printed beside it. Before the timings the script records which
+kernel SDPA ran for each library's attention (torch.profiler). Peak memory is the CUDA allocator's peak during one step
 above what was allocated before it (weights, and in training gradients and AdamW's moments, come on top).
 """
 
@@ -32,12 +32,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from vitkit.bench import BenchConfig, BenchReport, best_rows, hf_peer, run_bench
+from vitkit.bench import BenchConfig, BenchReport, best_rows, dense_bf16_peak, hf_peer, run_bench
 from vitkit.checkpoint.timm import timm_kwargs, vitkit_to_timm
 from vitkit.models import create_model
 
-# dense (not 2:4 sparse) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by a name the GPU reports
-DENSE_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4, "A100": 312.0}
 TARGET_RATIO = 1.1  # vitkit over the best peer, each row
 TARGET_TRAIN_MFU = 0.5
 ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "cudnn_sdpa", "efficient")
@@ -55,15 +53,6 @@ def timm_peer(model: nn.Module) -> nn.Module:
     peer = TimmViT(**timm_kwargs(model))
     peer.load_state_dict(vitkit_to_timm(model))
     return peer.to(device=ref.device, dtype=ref.dtype)
-
-
-def dense_bf16_peak(device: torch.device) -> tuple[float, str]:
-    """(TFLOP/s, the GPU's name) from the datasheet table; NaN for a GPU not in it."""
-    name = torch.cuda.get_device_name(device)
-    for key, tflops in DENSE_BF16_TFLOPS.items():  # most specific names first
-        if key in name:
-            return tflops, name
-    return float("nan"), name
 
 
 def attention_kernels(model: nn.Module, x: torch.Tensor) -> list[str]:

@@ -14,8 +14,8 @@
    (SGD, momentum 0.9, lr 0.01, clip 1, warmup and cosine decay), evaluated on the held-out fifth.
 
 Prints the loader's images/s, the run's training images/s (median of its log records after the first, which
-holds the compilation), the MFU against the GPU's dense bf16 datasheet peak (as bench_gpu.py), and the loss curve;
-the run directory (metrics.jsonl, loss.png, the checkpoint) stays under --out.
+holds the compilation), the MFU against the GPU's dense bf16 datasheet peak (vitkit.bench.dense_bf16_peak), and
+the loss curve; the run directory (metrics.jsonl, loss.png, the checkpoint) stays under --out.
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from vitkit.bench import model_flops
+from vitkit.bench import dense_bf16_peak, model_flops
 from vitkit.checkpoint.official import vitkit_to_official
 from vitkit.data import build_datasets
 from vitkit.data.procedural import CLASS_NAMES, render_shape_image
+from vitkit.hub import load_model
 from vitkit.models import create_model
 from vitkit.train import train
 from vitkit.train.recipe import finetune_config
@@ -88,10 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--workers", type=int, default=14, help="DataLoader processes (default 14 of 16 cores)")
     p.add_argument("--checkpoint", type=Path, help="an official .npz (default: a random ViT-B/16 written here)")
-    p.add_argument("--peak-tflops", type=float, default=989.4, help="dense bf16 peak for MFU (H100 SXM, H200)")
+    p.add_argument("--peak-tflops", type=float, help="dense bf16 peak for MFU (default: the GPU's datasheet figure)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("finetune_gpu.py needs a CUDA GPU")
+    args.peak_tflops = args.peak_tflops or dense_bf16_peak(torch.device("cuda"))[0]
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     root = write_folder(args.out / "shapes", args.images, args.workers)
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if "loss" in r and "images_per_s" in r]
     trained = statistics.median(r["images_per_s"] for r in steps[1:]) if len(steps) > 1 else float("nan")
-    gflops = 3 * model_flops(create_model("vit_b16", num_classes=10), 224) / 1e9
+    trained_model = load_model(result.run_dir)  # the architecture trained, whichever checkpoint it came from
+    gflops = 3 * model_flops(trained_model, trained_model.config.img_size[0]) / 1e9
     print(f"run: {result.run_dir}; {result.steps_run} steps in {result.steps_s:.1f} s (compilation included)")
     print(
         f"training: {trained:,.0f} img/s (median of {len(steps) - 1} log records after the first), "

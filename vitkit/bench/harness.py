@@ -191,6 +191,20 @@ def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 8192) ->
         n *= 2
 
 
+# dense (not 2:4 sparse) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by a name the GPU reports
+DENSE_BF16_TFLOPS = {"H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.4, "H200": 989.4, "A100": 312.0}
+
+
+def dense_bf16_peak(device: torch.device) -> tuple[float, str]:
+    """(the datasheet's dense bf16 TFLOP/s, the GPU's name) for a CUDA device: the figure MFU is stated against.
+    NaN for a GPU not in DENSE_BF16_TFLOPS."""
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in DENSE_BF16_TFLOPS.items():  # the more specific names first
+        if key in name:
+            return tflops, name
+    return float("nan"), name
+
+
 def measure_matmul_peak(dtype: torch.dtype, device: torch.device, seconds: float = 1.0) -> float:
     """GFLOP/s of the matmul probe, best over ``seconds`` of repeats (a quiet machine's ceiling)."""
     probe, flops = matmul_probe(dtype, device)
