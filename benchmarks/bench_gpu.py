@@ -25,15 +25,13 @@ import argparse
 import importlib.util
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from vitkit.bench import BenchConfig, BenchReport, best_rows, dense_bf16_peak, hf_peer, run_bench
-from vitkit.checkpoint.timm import timm_kwargs, vitkit_to_timm
+from vitkit.bench import BenchConfig, BenchReport, best_rows, dense_bf16_peak, hf_peer, run_bench, timm_peer
 from vitkit.models import create_model
 
 TARGET_RATIO = 1.1  # vitkit over the best peer, each row
@@ -43,16 +41,6 @@ ATTENTION_KERNELS = ("flash", "fmha", "attention", "attn", "cudnn_sdpa", "effici
 
 def log(msg: str) -> None:
     print(f"  {msg}", file=sys.stderr, flush=True)
-
-
-def timm_peer(model: nn.Module) -> nn.Module:
-    """timm's VisionTransformer with vitkit's weights, dtype and device (timm is a peer only)."""
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
-
-    ref = next(model.parameters())
-    peer = TimmViT(**timm_kwargs(model))
-    peer.load_state_dict(vitkit_to_timm(model))
-    return peer.to(device=ref.device, dtype=ref.dtype)
 
 
 def attention_kernels(model: nn.Module, x: torch.Tensor) -> list[str]:
@@ -68,9 +56,7 @@ def attention_kernels(model: nn.Module, x: torch.Tensor) -> list[str]:
     return sorted(n for n in names if any(k in n.lower() for k in ATTENTION_KERNELS))
 
 
-def bench_rows(
-    model_name: str, args: argparse.Namespace, peers: dict[str, Callable[[nn.Module], nn.Module]]
-) -> list[tuple[str, BenchConfig, tuple[str, ...]]]:
+def bench_rows(model_name: str, args: argparse.Namespace) -> list[tuple[str, BenchConfig, tuple[str, ...]]]:
     """(label, config, compile modes) of each comparison for one model."""
     common = dict(
         model=model_name,
@@ -132,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--max-repeats", type=int, default=30)
     p.add_argument("--warmup", type=int, default=3, help="untimed rounds (compilation and CUDA graph capture)")
-    p.add_argument("--quick", action="store_true", help="a 2-block ViT at batch 2 and 8, 3 rounds: checks the script")
+    p.add_argument(
+        "--quick", action="store_true", help="a 2-block ViT-S/16 (batches 2, 16; training 8), 3 rounds: a smoke test"
+    )
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -160,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<13} {', '.join(found) or '(none found)'}", flush=True)
         doc["reports"][f"{model_name} attention kernels"] = kernels
         del model
-        for label, cfg, modes in bench_rows(model_name, args, peers):
+        for label, cfg, modes in bench_rows(model_name, args):
             log(f"== {label}")
             report = run_bench(cfg, log=log, compile_modes=modes, extra_peers=peers)
             lines, rows = summary(label, report, peak)

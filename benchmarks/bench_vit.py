@@ -55,9 +55,9 @@ from vitkit.bench import (
     run_bench,
     settled,
     time_alternating,
+    timm_peer,
 )
 from vitkit.bench.harness import PARITY_TOL
-from vitkit.checkpoint.timm import timm_kwargs, vitkit_to_timm
 from vitkit.device import bf16_is_fast
 from vitkit.fast import (
     auto_compile_mode,
@@ -70,17 +70,6 @@ from vitkit.fast import (
 
 def log(msg: str) -> None:
     print(f"  {msg}", file=sys.stderr, flush=True)
-
-
-def timm_peer(model: nn.Module) -> nn.Module:
-    """timm's VisionTransformer with vitkit's weights, dtype and device. timm is only a peer here: it needs
-    torchvision, which vitkit does not."""
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
-
-    ref = next(model.parameters())
-    peer = TimmViT(**timm_kwargs(model))
-    peer.load_state_dict(vitkit_to_timm(model))
-    return peer.to(device=ref.device, dtype=ref.dtype)
 
 
 PEER_NAMES = {"hf": "transformers", "timm": "timm"}

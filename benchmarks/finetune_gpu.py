@@ -21,7 +21,6 @@ the loss curve; the run directory (metrics.jsonl, loss.png, the checkpoint) stay
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -40,6 +39,7 @@ from vitkit.data.procedural import CLASS_NAMES, render_shape_image
 from vitkit.hub import load_model
 from vitkit.models import create_model
 from vitkit.train import train
+from vitkit.train.metrics import MetricsLog
 from vitkit.train.recipe import finetune_config
 
 SIZE = 320
@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"input pipeline alone: {rate:,.0f} img/s with {args.workers} workers (batch {args.batch})", flush=True)
 
     result = train(cfg)
-    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "loss" in r and "images_per_s" in r]
+    records = MetricsLog(result.run_dir).records()
+    steps = [r for r in records if r["kind"] == "train"]
     trained = statistics.median(r["images_per_s"] for r in steps[1:]) if len(steps) > 1 else float("nan")
     trained_model = load_model(result.run_dir)  # the architecture trained, whichever checkpoint it came from
     gflops = 3 * model_flops(trained_model, trained_model.config.img_size[0]) / 1e9
@@ -131,9 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("step  loss    img/s   | evaluations")
     for r in records:
-        if "loss" in r and "images_per_s" in r:
+        if r["kind"] == "train":
             print(f"{r['step']:>4}  {r['loss']:.4f}  {r['images_per_s']:>7,.0f}")
-        elif any(k.startswith("eval_") for k in r):
+        elif r["kind"] == "eval":
             evals = ", ".join(f"{k} {v:.4g}" for k, v in r.items() if k.startswith("eval_"))
             print(f"{r['step']:>4}  {'':<23}| {evals}")
     print("final: " + ", ".join(f"{k} {v:.4g}" for k, v in result.metrics.items()))

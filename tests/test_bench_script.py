@@ -88,7 +88,7 @@ def test_gpu_bench_takes_each_gpus_own_datasheet_peak_and_gives_each_row_its_swi
     assert math.isnan(dense_bf16_peak(torch.device("cuda"))[0])
     args = argparse.Namespace(infer_batches=[1, 256], train_batch=128, repeats=3, max_repeats=3, warmup=1, overrides={})
     rows = {
-        label: (cfg.mode, cfg.dtype, cfg.batch_size, modes) for label, cfg, modes in gpu.bench_rows("vit_b16", args, {})
+        label: (cfg.mode, cfg.dtype, cfg.batch_size, modes) for label, cfg, modes in gpu.bench_rows("vit_b16", args)
     }
     assert rows == {
         "vit_b16 inference batch 1": ("infer", "bf16", 1, ("none", "reduce-overhead")),
