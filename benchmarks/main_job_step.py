@@ -8,11 +8,14 @@ Two trainers of the shipped digits config in one process, taking turns round by 
     python benchmarks/main_job_step.py                  # under a minute on 2 CPU cores
     python benchmarks/main_job_step.py --profile 30     # then each arm's top ops (torch.profiler, 30 steps)
     python benchmarks/main_job_step.py --arm exact-gelu=model.gelu=exact   # shipped against other overrides
+    python benchmarks/main_job_step.py --allocator default   # glibc's own malloc settings, not vitkit train's
 
 Prints each arm's median ms per step (full training steps: data, forward, backward, clip, AdamW) and the
 seconds that makes for all of that arm's steps (the main job's run), the paired ratio of those run times with its
-95% interval, the fixed cost of a step (the shipped arm at batch 2) and the floor the matmuls set (the shipped
-step's matmuls replayed alone at their shapes).
+95% interval, the fixed cost of a step (the shipped arm at batch 2), the floor the matmuls set (the shipped
+step's matmuls replayed alone at their shapes) and the page faults and system time of a shipped step. The process
+keeps freed memory for reuse as `vitkit train` does (vitkit.fast.tune_cpu_allocator) unless `--allocator default`,
+which is process-wide, so the two settings compare across runs of this script, not within one.
 Speed needs a quiet machine: the load average is checked before and after.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import resource
 import statistics
 import tempfile
 import time
@@ -56,6 +60,17 @@ def timed(step: Callable[[], float], threads: int, steps: int) -> float:
     for _ in range(steps):
         step()
     return (time.perf_counter() - start) / steps
+
+
+def faults_and_system_ms(step: Callable[[], float], threads: int, steps: int) -> tuple[float, float]:
+    """Minor page faults and milliseconds of system time per step (the kernel's share: page faults, zeroing)."""
+    torch.set_num_threads(threads)
+    step()
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(steps):
+        step()
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (after.ru_minflt - before.ru_minflt) / steps, (after.ru_stime - before.ru_stime) * 1e3 / steps
 
 
 def profile_table(step: Callable[[], float], threads: int, steps: int) -> str:
@@ -115,7 +130,17 @@ def main() -> None:
         metavar="NAME=KEY=VALUE[,KEY=VALUE]",
         help="compare the shipped config with these overrides instead of sdpa-1 (repeatable)",
     )
+    p.add_argument(
+        "--allocator",
+        choices=("tuned", "default"),
+        default="tuned",
+        help="tuned: freed memory kept for reuse, as vitkit train does (default); default: glibc's settings",
+    )
     args = p.parse_args()
+    if args.allocator == "tuned":
+        from vitkit.fast import tune_cpu_allocator
+
+        tune_cpu_allocator()
     chosen = dict(ARMS)
     if args.arm:
         chosen = {"shipped": []}
@@ -135,10 +160,14 @@ def main() -> None:
         after = load_average()
         tables = {name: profile_table(*arm[:2], args.profile) for name, arm in arms.items()} if args.profile else {}
         floor = matmul_floor(*arms["shipped"][:2])
+        faults, system_ms = faults_and_system_ms(*arms["shipped"][:2], args.steps)
     with trainer(["optim.batch_size=2"]) as (small, small_threads, *_):
         fixed = statistics.median(timed(small, small_threads, args.steps) for _ in range(5))
 
-    print(f"the main job's training step (digits config), {args.rounds} rounds of {args.steps} steps")
+    print(
+        f"the main job's training step (digits config), {args.rounds} rounds of {args.steps} steps, "
+        f"allocator {args.allocator}"
+    )
     run_s = {name: [s * arms[name][2] for s in per_step] for name, per_step in seconds.items()}  # a whole run's
     for name, per_step in seconds.items():
         ms, (_, threads, total, batch) = statistics.median(per_step) * 1e3, arms[name]
@@ -154,6 +183,7 @@ def main() -> None:
         f"  the shipped step's {count} matmuls alone (mm, addmm, bmm at its shapes, {gflop:.2f} GFLOP): "
         f"{seconds_mm * 1e3:.2f} ms, {gflop / seconds_mm:.0f} GFLOP/s"
     )
+    print(f"  a shipped step's page faults: {faults:,.1f}, system time {system_ms:.2f} ms")
     for line in load_warnings(before, after, max(arm[1] for arm in arms.values()), usable_cores()):
         print(line)
     for name, table in tables.items():

@@ -344,3 +344,30 @@ def test_the_library_raises_the_same_error_where_the_package_is_used(tmp_path, m
         with pytest.raises(MissingDependencyError, match=re.escape(f"pip install 'vitkit[{EXTRAS[name]}]'")):
             call()
     assert list(tmp_path.iterdir()) == []  # nothing half-written
+
+
+def test_the_train_command_keeps_freed_memory_for_its_process_the_python_api_does_not(tmp_path, monkeypatch):
+    """`vitkit train` (and `vitkit finetune`, through the same _run_training) owns its process and tunes its
+    allocator before training; `vitkit.train.train` leaves the process of whoever calls it as it is."""
+    import vitkit.fast
+    import vitkit.train
+    from vitkit.train import TrainingInterrupted
+
+    calls = []
+
+    def fake_train(cfg):
+        calls.append("train")
+        raise TrainingInterrupted("stopped", 2)
+
+    monkeypatch.setattr(vitkit.fast, "tune_cpu_allocator", lambda: calls.append("tune") or True)
+    monkeypatch.setattr(vitkit.train, "train", fake_train)
+    assert main(["train", "schedule.steps=1", f"run.out_dir={tmp_path}"]) == 130
+    assert calls == ["tune", "train"]
+
+    monkeypatch.undo()
+    calls.clear()
+    monkeypatch.setattr(vitkit.fast, "tune_cpu_allocator", lambda: calls.append("tune") or True)
+    overrides = ["schedule.steps=2", "schedule.warmup_steps=0", "run.eval_every=0", "run.plots=false"]
+    cfg = load_config("digits", [*overrides, f"run.out_dir={tmp_path}"])
+    assert vitkit.train.train(cfg).step == 2
+    assert calls == []

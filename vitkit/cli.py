@@ -470,8 +470,10 @@ def _split_spec(spec: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _run_training(cfg: TrainConfig, command: str) -> int:
+    from .fast import tune_cpu_allocator
     from .train import NonFiniteLossError, TrainingInterrupted, train
 
+    tune_cpu_allocator()  # this process trains and nothing else: freed activations stay for the next step (vitkit.fast)
     try:
         result = train(cfg)
     except NonFiniteLossError as e:

@@ -288,7 +288,7 @@ def pack_linears(model: nn.Module) -> nn.Module:
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     packed = copy.deepcopy(model, shared)
     for mlp in [m for m in packed.modules() if isinstance(m, Mlp)]:
-        if type(mlp.fc1) is nn.Linear and type(mlp.act) is nn.GELU:
+        if type(mlp.fc1) is nn.Linear and isinstance(mlp.act, nn.GELU):
             mlp.add_module("fc1", PackedLinear(mlp.fc1, mlp.act))  # replaces the layer under its name
             mlp.add_module("act", nn.Identity())
     for parent in list(packed.modules()):

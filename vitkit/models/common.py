@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .gelu import GELU
 
 C = TypeVar("C")
 
@@ -77,7 +78,7 @@ class Mlp(nn.Module):
     def __init__(self, dim: int, hidden: int, gelu: str = "tanh", drop: float = 0.0) -> None:
         super().__init__()
         self.fc1 = nn.Linear(dim, hidden)
-        self.act = nn.GELU(approximate="tanh" if gelu == "tanh" else "none")
+        self.act = GELU(approximate="tanh" if gelu == "tanh" else "none")
         self.fc2 = nn.Linear(hidden, dim)
         self.drop = nn.Dropout(drop)
 

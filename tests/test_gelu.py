@@ -1,0 +1,120 @@
+"""The MLP's GELU: the tanh approximation's bf16 CPU kernels against float64, and where they apply."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import vitkit
+from vitkit.models import gelu as gelu_mod
+from vitkit.models.common import Mlp
+
+
+def tanh_gelu64(x: torch.Tensor) -> torch.Tensor:
+    """The official (Flax) GELU written out from its definition, in float64."""
+    return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+
+
+def bf16_inputs() -> torch.Tensor:
+    torch.manual_seed(0)
+    return torch.cat([torch.linspace(-12, 12, 4801), torch.randn(20000) * 3]).bfloat16()
+
+
+def assert_rounded(got: torch.Tensor, exact: torch.Tensor, within_ulp: bool = False) -> None:
+    """Every bf16 value is the float64 value correctly rounded, except where both are below 1e-12; or, with
+    ``within_ulp``, 99.9% of them are and every one is within one bf16 step (2^-8 relative) of the exact value."""
+    tiny = (got.double() - exact).abs() <= 1e-12
+    wrong = (got != exact.bfloat16()) & ~tiny
+    if within_ulp:
+        assert wrong.double().mean() < 1e-3, f"{int(wrong.sum())} of {wrong.numel()} not correctly rounded"
+        wrong &= (got.double() - exact).abs() > 2**-8 * exact.abs()
+    assert not wrong.any(), f"{int(wrong.sum())} values off, e.g. {got[wrong][:4]} vs {exact[wrong][:4]}"
+
+
+def test_bf16_tanh_gelu_and_gradient_are_the_float64_values_rounded() -> None:
+    x = bf16_inputs().requires_grad_()
+    y = gelu_mod.GELU(approximate="tanh")(x)
+    grad = torch.randn(y.shape).bfloat16()
+    y.backward(grad)
+    x64 = x.detach().double().requires_grad_()
+    y64 = tanh_gelu64(x64)
+    y64.backward(grad.double())
+    assert gelu_mod._kernels() is not None  # the compiled kernels ran, not the fallback
+    assert y.dtype == x.grad.dtype == torch.bfloat16
+    assert_rounded(y.detach(), y64.detach())
+    assert_rounded(x.grad, x64.grad, within_ulp=True)  # computed in fp32 from a bf16 gradient, then rounded
+
+
+def test_aten_kernel_rounds_worse_than_ours() -> None:
+    """Why the kernel exists beside speed: ATen's bf16 tanh-GELU is off by more than rounding for x < -3."""
+    x = bf16_inputs()
+    exact = tanh_gelu64(x.double())
+    aten = F.gelu(x, approximate="tanh")
+    assert ((aten != exact.bfloat16()) & ((aten.double() - exact).abs() > 1e-6)).any()
+
+
+def test_inference_fp32_and_exact_gelu_keep_atens_kernel() -> None:
+    x = bf16_inputs()
+    tanh = gelu_mod.GELU(approximate="tanh")
+    with torch.no_grad():
+        assert torch.equal(tanh(x.requires_grad_()), F.gelu(x, approximate="tanh"))
+    x = x.detach()
+    assert torch.equal(tanh(x), F.gelu(x, approximate="tanh"))  # no autograd record: inference
+    x32 = x.float().requires_grad_()
+    assert torch.equal(tanh(x32), F.gelu(x32, approximate="tanh"))
+    assert torch.equal(gelu_mod.GELU()(x), F.gelu(x))
+
+
+def test_inside_a_compiled_model_the_same_function() -> None:
+    x = bf16_inputs().requires_grad_()
+    y = torch.compile(gelu_mod.gelu_tanh)(x)
+    y.sum().backward()
+    x64 = x.detach().double().requires_grad_()
+    y64 = tanh_gelu64(x64)
+    y64.sum().backward()
+    assert (y.detach().double() - y64).abs().max() <= 2**-8 * y64.abs().max()
+    assert (x.grad.double() - x64.grad).abs().max() <= 2**-7
+
+
+def test_a_kernel_that_cannot_be_compiled_warns_once_and_uses_atens(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_compiler(fn, **kwargs):
+        def fail(*args):
+            raise RuntimeError("no C++ compiler found\nmore detail")
+
+        return fail
+
+    gelu_mod._kernels.cache_clear()
+    monkeypatch.setattr(gelu_mod.torch, "compile", no_compiler)
+    try:
+        x = bf16_inputs().requires_grad_()
+        with pytest.warns(UserWarning, match=r"could not be compiled \(no C\+\+ compiler found\); using ATen's"):
+            y = gelu_mod.gelu_tanh(x)
+        assert torch.equal(y, F.gelu(x, approximate="tanh"))
+        y.sum().backward()  # and no second warning: the failure is remembered
+    finally:
+        gelu_mod._kernels.cache_clear()
+
+
+def test_the_models_mlp_trains_in_bf16_autocast_with_the_kernel() -> None:
+    """A ViT step under CPU bf16 autocast: the MLP's GELU runs the kernel, and the gradients match ATen's GELU."""
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_ti16", img_size=32, patch_size=8, depth=2, num_classes=5)
+    assert all(isinstance(m.act, gelu_mod.GELU) for m in model.modules() if isinstance(m, Mlp))
+    x, y = torch.rand(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+
+    def grads() -> list[torch.Tensor]:
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", torch.bfloat16):
+            F.cross_entropy(model(x), y).backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    ours = grads()
+    for m in model.modules():
+        if isinstance(m, Mlp):
+            m.act = torch.nn.GELU(approximate="tanh")
+    aten = grads()
+    for a, b in zip(ours, aten, strict=True):
+        assert torch.allclose(a, b, rtol=0.05, atol=0.02 * b.abs().max().item() + 1e-6)

@@ -1,0 +1,102 @@
+"""The MLP's GELU: nn.GELU, with a faster CPU kernel for the tanh approximation in bf16.
+
+The official models use the tanh approximation, ``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))``. In bf16 on
+a CPU, ATen's kernel for it ran at a quarter of the speed of its exact (erf) GELU, forward and backward, and so
+did inductor's (both evaluate tanh with a slow vectorised routine); the GELU and its gradient took about 16% of
+a ViT-S/16 bf16-autocast training step. The same function written as ``x * sigmoid(2 sqrt(2/pi) (x + 0.044715
+x^3))`` (``0.5 (1 + tanh(z)) = sigmoid(2 z)``), computed in fp32 in one compiled elementwise kernel for the
+forward and one for the backward, ran 2.1-2.7x faster than ATen's on 2 AVX512 cores and rounds to bf16 more
+exactly (99.96% of outputs equal to the correctly rounded value, against ATen's 98.4%).
+
+It applies where autograd records the GELU (training) in bf16 on a CPU, bf16 autocast included; in fp32, on other
+devices and in inference it is nn.GELU as it is. The two kernels are compiled on first use (a few seconds, then
+cached on disk by torch.compile), for every size at once; where they cannot be compiled (no C++ compiler), a
+warning says so once and ATen's kernel runs instead.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+_C2 = 2 * math.sqrt(2 / math.pi)  # 2 sqrt(2/pi): sigmoid(2 z) = (1 + tanh(z)) / 2
+_A = 0.044715
+
+
+def _forward(x: torch.Tensor) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.sigmoid(_C2 * (xf + _A * xf * xf * xf))).to(x.dtype)
+
+
+def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """d/dx x s(u) = s + x s (1 - s) u', u = C2 (x + a x^3), u' = C2 (1 + 3 a x^2)."""
+    xf = x.float()
+    s = torch.sigmoid(_C2 * (xf + _A * xf * xf * xf))
+    return (grad.float() * (s + xf * s * (1 - s) * _C2 * (1 + 3 * _A * xf * xf))).to(x.dtype)
+
+
+@functools.cache
+def _kernels() -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] | None:
+    """The two kernels compiled for flat tensors of any length; None where torch.compile cannot build them."""
+    forward, backward = torch.compile(_forward, dynamic=True), torch.compile(_backward, dynamic=True)
+    probe = torch.linspace(-4, 4, 64, dtype=torch.bfloat16)
+    try:  # compiles both now, for every length: a missing compiler shows here, not inside a training step
+        _run(forward, probe)
+        _run(backward, probe, probe)
+    except Exception as e:  # noqa: BLE001 - any failure to build leaves ATen's kernel, which computes the same
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        warnings.warn(f"the bf16 tanh-GELU kernel could not be compiled ({first}); using ATen's", stacklevel=4)
+        return None
+    return forward, backward
+
+
+def _run(kernel: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> torch.Tensor:
+    flat = [t.detach().contiguous().view(-1) for t in tensors]
+    with torch.no_grad(), torch.autocast("cpu", enabled=False):  # one compiled variant for every caller's state
+        return kernel(*flat)
+
+
+class _GeluTanh(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, kernels: Any) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        ctx.backward_kernel = kernels[1]
+        return _run(kernels[0], x).view(x.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        (x,) = ctx.saved_tensors
+        return _run(ctx.backward_kernel, grad, x).view(x.shape), None
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """The tanh-approximated GELU; in bf16 on a CPU, when autograd records it (training), through the kernels above.
+
+    Inference keeps ATen's kernel: a first call would otherwise wait seconds for the kernels to compile, for
+    a few percent of a forward pass (vitkit's own fast path fuses the GELU into the matmul before it).
+    """
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu":
+        return F.gelu(x, approximate="tanh")
+    if torch.compiler.is_compiling():  # inside a compiled model: inductor fuses this form into its neighbours
+        return _forward(x)
+    if not (x.requires_grad and torch.is_grad_enabled()):
+        return F.gelu(x, approximate="tanh")
+    kernels = _kernels()
+    if kernels is None:
+        return F.gelu(x, approximate="tanh")
+    return _GeluTanh.apply(x, kernels)
+
+
+class GELU(nn.GELU):
+    """nn.GELU (``approximate`` "tanh" or "none"); the tanh approximation in bf16 on a CPU runs as ``gelu_tanh``."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return gelu_tanh(x) if self.approximate == "tanh" else F.gelu(x)
