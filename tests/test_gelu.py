@@ -61,6 +61,8 @@ def test_inference_fp32_and_exact_gelu_keep_atens_kernel() -> None:
     tanh = gelu_mod.GELU(approximate="tanh")
     with torch.no_grad():
         assert torch.equal(tanh(x.requires_grad_()), F.gelu(x, approximate="tanh"))
+    assert torch.equal(tanh.eval()(x), F.gelu(x, approximate="tanh"))  # eval mode: inference, recorded or not
+    tanh.train()
     x = x.detach()
     assert torch.equal(tanh(x), F.gelu(x, approximate="tanh"))  # no autograd record: inference
     x32 = x.float().requires_grad_()

@@ -8,10 +8,10 @@ x^3))`` (``0.5 (1 + tanh(z)) = sigmoid(2 z)``), computed in fp32 in one compiled
 forward and one for the backward, ran 2.1-2.7x faster than ATen's on 2 AVX512 cores and rounds to bf16 more
 exactly (99.96% of outputs equal to the correctly rounded value, against ATen's 98.4%).
 
-It applies where autograd records the GELU (training) in bf16 on a CPU, bf16 autocast included; in fp32, on other
-devices and in inference it is nn.GELU as it is. The two kernels are compiled on first use (a few seconds, then
-cached on disk by torch.compile), for every size at once; where they cannot be compiled (no C++ compiler), a
-warning says so once and ATen's kernel runs instead.
+It applies in training (the module in training mode and autograd recording the GELU) in bf16 on a CPU, bf16
+autocast included; in fp32, on other devices and in inference it is nn.GELU as it is. The two kernels are
+compiled on first use (a few seconds, then cached on disk by torch.compile), for every size at once; where they
+cannot be compiled (no C++ compiler), a warning says so once and ATen's kernel runs instead.
 """
 
 from __future__ import annotations
@@ -77,8 +77,9 @@ class _GeluTanh(torch.autograd.Function):
         return _run(ctx.backward_kernel, grad, x).view(x.shape), None
 
 
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    """The tanh-approximated GELU; in bf16 on a CPU, when autograd records it (training), through the kernels above.
+def gelu_tanh(x: torch.Tensor, training: bool = True) -> torch.Tensor:
+    """The tanh-approximated GELU; in bf16 on a CPU, in training (``training`` and autograd recording it), through
+    the kernels above.
 
     Inference keeps ATen's kernel: a first call would otherwise wait seconds for the kernels to compile, for
     a few percent of a forward pass (vitkit's own fast path fuses the GELU into the matmul before it).
@@ -87,7 +88,7 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
         return F.gelu(x, approximate="tanh")
     if torch.compiler.is_compiling():  # inside a compiled model: inductor fuses this form into its neighbours
         return _forward(x)
-    if not (x.requires_grad and torch.is_grad_enabled()):
+    if not (training and x.requires_grad and torch.is_grad_enabled()):
         return F.gelu(x, approximate="tanh")
     kernels = _kernels()
     if kernels is None:
@@ -96,7 +97,8 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
 
 
 class GELU(nn.GELU):
-    """nn.GELU (``approximate`` "tanh" or "none"); the tanh approximation in bf16 on a CPU runs as ``gelu_tanh``."""
+    """nn.GELU (``approximate`` "tanh" or "none"); the tanh approximation runs as ``gelu_tanh``, in training where
+    the module is in training mode."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gelu_tanh(x) if self.approximate == "tanh" else F.gelu(x)
+        return gelu_tanh(x, self.training) if self.approximate == "tanh" else F.gelu(x)
