@@ -81,6 +81,21 @@ def test_inside_a_compiled_model_the_same_function() -> None:
     assert (x.grad.double() - x64.grad).abs().max() <= 2**-7
 
 
+def test_compiled_on_a_cpu_the_gelu_is_the_sigmoid_form_in_fp32_too() -> None:
+    """In a traced CPU graph, any precision: no tanh for inductor to lower slowly, and the same function."""
+    graphs = []
+
+    def capture(gm: torch.fx.GraphModule, example_inputs: list) -> torch.fx.GraphModule:
+        graphs.append({str(node.target) for node in gm.graph.nodes})
+        return gm
+
+    x = torch.linspace(-8, 8, 16001)
+    y = torch.compile(gelu_mod.GELU(approximate="tanh").eval(), backend=capture)(x)
+    assert any("sigmoid" in t for t in graphs[0]) and not any("tanh" in t or "gelu" in t for t in graphs[0])
+    assert (y.double() - tanh_gelu64(x.double())).abs().max() < 1e-6
+    assert (torch.compile(gelu_mod.gelu_tanh)(x).double() - tanh_gelu64(x.double())).abs().max() < 1e-6  # inductor
+
+
 def test_a_kernel_that_cannot_be_compiled_warns_once_and_uses_atens(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_compiler(fn, **kwargs):
         def fail(*args):
