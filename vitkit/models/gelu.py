@@ -36,15 +36,20 @@ _C2 = 2 * math.sqrt(2 / math.pi)  # 2 sqrt(2/pi): sigmoid(2 z) = (1 + tanh(z)) /
 _A = 0.044715
 
 
+def _gate(xf: torch.Tensor) -> torch.Tensor:
+    """s(u), u = C2 (x + a x^3): the GELU is x s(u)."""
+    return torch.sigmoid(_C2 * (xf + _A * xf * xf * xf))
+
+
 def _forward(x: torch.Tensor) -> torch.Tensor:
     xf = x.float()
-    return (xf * torch.sigmoid(_C2 * (xf + _A * xf * xf * xf))).to(x.dtype)
+    return (xf * _gate(xf)).to(x.dtype)
 
 
 def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """d/dx x s(u) = s + x s (1 - s) u', u = C2 (x + a x^3), u' = C2 (1 + 3 a x^2)."""
     xf = x.float()
-    s = torch.sigmoid(_C2 * (xf + _A * xf * xf * xf))
+    s = _gate(xf)
     return (grad.float() * (s + xf * s * (1 - s) * _C2 * (1 + 3 * _A * xf * xf))).to(x.dtype)
 
 
