@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peers import timm_peer  # beside this script (timm is no dependency of vitkit)
 from torch import nn
 
-from vitkit.bench import BenchConfig, BenchReport, best_rows, dense_bf16_peak, hf_peer, run_bench, timm_peer
+from vitkit.bench import BenchConfig, BenchReport, best_rows, dense_bf16_peak, hf_peer, run_bench
 from vitkit.models import create_model
 
 TARGET_RATIO = 1.1  # vitkit over the best peer, each row

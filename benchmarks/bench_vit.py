@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from peers import timm_peer  # beside this script (timm is no dependency of vitkit)
 from torch import nn
 
 from vitkit.bench import (
@@ -55,7 +56,6 @@ from vitkit.bench import (
     run_bench,
     settled,
     time_alternating,
-    timm_peer,
 )
 from vitkit.bench.harness import PARITY_TOL
 from vitkit.device import bf16_is_fast

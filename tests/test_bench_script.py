@@ -21,12 +21,16 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_vit.py"
 
 @pytest.fixture(scope="module")
 def bench():
+    sys.path.insert(0, str(SCRIPT.parent))  # as running the script does: its sibling peers.py imports
     spec = importlib.util.spec_from_file_location("bench_vit", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     sys.modules["bench_vit"] = module
-    spec.loader.exec_module(module)
-    yield module
-    del sys.modules["bench_vit"]
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        del sys.modules["bench_vit"]
+        sys.path.remove(str(SCRIPT.parent))
 
 
 def test_peer_switches_are_the_documented_ones(bench):
@@ -78,6 +82,7 @@ def test_gpu_bench_takes_each_gpus_own_datasheet_peak_and_gives_each_row_its_swi
     """The datasheet peaks that the GPU scripts state MFU against: an H100 PCIe is not taken for an SXM part (756
     against 989.4 dense bf16 TFLOP/s), an unknown GPU gets no invented peak; and bench_gpu.py's rows: batch 1 is
     compiled with CUDA graphs, large batches and training with mode "default"."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as running the script does: its sibling peers.py imports
     spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT.parent / "bench_gpu.py")
     gpu = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gpu)

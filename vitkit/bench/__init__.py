@@ -23,7 +23,6 @@ from .harness import (
     paired_ratio_intervals,
     run_bench,
     time_alternating,
-    timm_peer,
 )
 from .memory import find_max_batch, format_bytes, measure_step_memory, parse_bytes, resident_bytes
 from .stats import RatioStats, load_average, load_warnings, paired_ratio_stats, settled
@@ -58,6 +57,5 @@ __all__ = [
     "run_bench",
     "settled",
     "time_alternating",
-    "timm_peer",
     "vit_flops",
 ]

@@ -498,19 +498,6 @@ def hf_peer(model: nn.Module) -> nn.Module:
     return _Logits(hf)
 
 
-def timm_peer(model: nn.Module) -> nn.Module:
-    """timm's VisionTransformer with vitkit's weights, dtype and device. timm is only a peer here: it needs
-    torchvision, which vitkit does not."""
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
-
-    from ..checkpoint.timm import timm_kwargs, vitkit_to_timm
-
-    ref = next(model.parameters())
-    peer = TimmViT(**timm_kwargs(model))
-    peer.load_state_dict(vitkit_to_timm(model))
-    return peer.to(device=ref.device, dtype=ref.dtype)
-
-
 def model_output(model: nn.Module, x: torch.Tensor, cfg: BenchConfig) -> torch.Tensor:
     """Eval-mode outputs in the benchmark's dtype setting, as fp32."""
     model.eval()
