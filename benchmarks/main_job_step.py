@@ -8,6 +8,7 @@ Two trainers of the shipped digits config in one process, taking turns round by 
     python benchmarks/main_job_step.py                  # under a minute on 2 CPU cores
     python benchmarks/main_job_step.py --profile 30     # then each arm's top ops (torch.profiler, 30 steps)
     python benchmarks/main_job_step.py --arm exact-gelu=model.gelu=exact   # shipped against other overrides
+    python benchmarks/main_job_step.py --arm separate=run.contiguous_params=false   # AdamW over 56 tensors, not 2
     python benchmarks/main_job_step.py --allocator default   # glibc's own malloc settings, not vitkit train's
 
 Prints each arm's median ms per step (full training steps: data, forward, backward, clip, AdamW) and the
@@ -80,7 +81,7 @@ def profile_table(step: Callable[[], float], threads: int, steps: int) -> str:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
             step()
-    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
 
 
 MATMULS = {"aten::mm": torch.mm, "aten::addmm": torch.addmm, "aten::bmm": torch.bmm}  # profiler name: the op

@@ -149,6 +149,8 @@ class RunConfig:
     eval_batch_size: int = 512  # images per evaluation forward pass
     amp: str = "none"  # "bf16" autocast (CPU or CUDA), "fp16" autocast + GradScaler (CUDA)
     compile: bool = False  # torch.compile the training model
+    # clipping and the optimizer step then run a kernel per group rather than per tensor (vitkit.train.contiguous)
+    contiguous_params: bool = False  # one buffer per optimizer group: faster for small models; not under DDP
     device: str = "auto"  # "auto": cuda if available (the local rank's GPU under torchrun), else cpu
     threads: int = 0  # torch.set_num_threads on CPU (at most the usable cores); 0 keeps torch's default
     # true: continue the newest of out_dir/name, name-1, ... that holds a training state; a run directory

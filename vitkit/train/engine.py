@@ -54,6 +54,7 @@ from ..models.common import check_fields
 from ..models.registry import config_class, model_from_config
 from . import distributed as dist_utils
 from .config import RunConfig, ScheduleConfig, TrainConfig, flat_keys, load_config
+from .contiguous import ContiguousParams
 from .metrics import METRICS_NAME, TENSORBOARD_DIR, MetricsLog, Pace, plot_metrics, topk_correct
 from .mpp import MaskedPatchPrediction
 from .optim import build_optimizer, lr_at, set_lr
@@ -95,6 +96,7 @@ RESUMABLE = frozenset(
         "run.threads",
         "run.device",
         "run.compile",
+        "run.contiguous_params",
         "run.tensorboard",
         "data.num_workers",
     }
@@ -369,7 +371,6 @@ class Trainer:
         self.network = self.model  # the model as built (what the plan describes), before any objective wraps it
         self.model = self.objective.wrap(self.model)  # mpp: the ViT inside an MPPModel
         self.model.to(self.device)
-        self.params = list(self.model.parameters())  # clipped each step: walking the modules costs a small model 2%
         # fused kernels exist on CUDA and CPU; on CPU they are ~5x faster than the per-tensor (foreach) path
         self.optimizer = build_optimizer(self.model, o, fused=self.device.type in ("cuda", "cpu"))
         self.averaged = self._polyak(o.polyak)
@@ -379,6 +380,10 @@ class Trainer:
             ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
         self.train_model: nn.Module = self.ddp or self.model
+        # run.contiguous_params: not under DDP, whose own buckets hold the gradients it all-reduces
+        contiguous = cfg.run.contiguous_params and self.ddp is None
+        self.layout = ContiguousParams(self.optimizer) if contiguous else None
+        self.params = self.layout.params if self.layout is not None else list(self.model.parameters())  # clipped
         if cfg.run.compile:
             # static shapes: every training batch of a run has one shape, and shape-generic kernels are slower
             self.train_model = cast(nn.Module, torch.compile(self.train_model, dynamic=False))  # an OptimizedModule
@@ -605,7 +610,10 @@ class Trainer:
             self._stop_non_finite("gradient norm", grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.layout is not None:
+            self.layout.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         if self.averaged is not None:
             self.averaged.update_parameters(self.model)
         self.step += 1

@@ -18,11 +18,11 @@ What it fills, each only where not given:
 
       source (136,906 parameters, MPP's head aside)       paper's SGD        AdamW (the small-source recipe)
       mpp_digits run (masked patch prediction, no labels)  81.20 +- 1.25      92.78 +- 0.28
-      digits run (supervised on all 1,437 labels)         99.44 +- 0.00      98.52 +- 0.42
+      digits run (supervised on all 1,437 labels)         99.44 +- 0.00      98.15 +- 0.42
 
   SGD at lr 0.01 barely moves a small network: it keeps what a source already does (the digits run has seen
   every label) and cannot teach one what it does not (the MPP run's class token was never trained); AdamW
-  costs 0.9 points on the first and gains 11.6 on the second, so a small source gets AdamW. The batch matters as
+  costs 1.3 points on the first and gains 11.6 on the second, so a small source gets AdamW. The batch matters as
   much: in batches of 128 (one step an epoch, the paper's rule; the same images seen) the MPP source reached
   88.15 +- 0.70 with AdamW and 66.76 +- 1.12 with SGD, in batches of 64 89.26 +- 1.28 with AdamW (seeds 0-2;
   ``vitkit finetune RUN --data digits data.train_fraction=0.1 optim.batch_size=128 run.seed=S``). A named
