@@ -8,12 +8,12 @@ contiguous gradients, FSDP's flat parameters); here it is for speed on one devic
 turns it on in a Trainer.
 
 ``ContiguousParams(optimizer)``, before the optimizer's first step, replaces each group's parameters by one buffer
-per dtype and device (sparse, scalar and non-contiguous parameters keep their own tensors). Each model
-parameter's ``.data`` and ``.grad`` become views into the buffer and its gradient, which backward accumulates into
-and ``zero_grad`` zeroes, and the optimizer's state (moments, step) is kept per buffer. The model itself is
-unchanged: its parameters are the same objects, its state dict the same tensors, and the optimizer's
-``state_dict()`` is in the per-parameter form an optimizer without this layout writes (and loads), so a run's
-saved state does not depend on it.
+per dtype and device (sparse, scalar and non-contiguous parameters, and any already holding a gradient, keep their
+own tensors). Each model parameter's ``.data`` and ``.grad`` become views into the buffer and its gradient, which
+backward accumulates into and ``zero_grad`` zeroes, and the optimizer's state (moments, step) is kept per buffer.
+The model itself is unchanged: its parameters are the same objects, its state dict the same tensors, and the
+optimizer's ``state_dict()`` is in the per-parameter form an optimizer without this layout writes (and loads), so a
+run's saved state does not depend on it.
 
 A parameter the loss does not reach gets a zero gradient rather than none, as in optax (the official code): its
 moments decay and decoupled weight decay applies to it. In vitkit's models the only such parameter is the relative
@@ -46,6 +46,13 @@ class _Member:
 
 def _padded(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
+
+
+def _numbered(groups: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
+    """State-dict param groups holding ``sizes`` parameters each, numbered on from group to group as
+    Optimizer.state_dict numbers them."""
+    starts = itertools.accumulate(sizes, initial=0)
+    return [{**g, "params": list(range(start, start + n))} for g, n, start in zip(groups, sizes, starts, strict=False)]
 
 
 class ContiguousParams:
@@ -136,12 +143,7 @@ class ContiguousParams:
                 k: (at.view(v, p.shape) if v.numel() == numel else v.clone()) if isinstance(v, torch.Tensor) else v
                 for k, v in entries.items()
             }
-        starts = itertools.accumulate((len(g) for g in self.groups), initial=0)
-        groups = [
-            {**g, "params": list(range(start, start + len(params)))}
-            for g, params, start in zip(sd["param_groups"], self.groups, starts, strict=False)
-        ]
-        return {"state": state, "param_groups": groups}
+        return {"state": state, "param_groups": _numbered(sd["param_groups"], [len(g) for g in self.groups])}
 
     def _contiguous(self, opt: torch.optim.Optimizer, sd: dict[str, Any]) -> dict[str, Any]:
         """A per-parameter state dict in the optimizer's layout (buffers), for load_state_dict. A parameter of a
@@ -167,12 +169,7 @@ class ContiguousParams:
                     state[i] = old[q]
             elif any(p in old for p, _ in members):
                 state[i] = self._merged(q, [(p, at, old.get(p)) for p, at in members])
-        starts = itertools.accumulate((len(g["params"]) for g in opt.param_groups), initial=0)
-        groups = [
-            {**g, "params": list(range(start, start + len(cur["params"])))}
-            for g, cur, start in zip(saved, opt.param_groups, starts, strict=False)
-        ]
-        return {"state": state, "param_groups": groups}
+        return {"state": state, "param_groups": _numbered(saved, [len(g["params"]) for g in opt.param_groups])}
 
     @staticmethod
     def _merged(
