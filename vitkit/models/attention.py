@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .linear import dense, linear
 from .merge import size_bias
 from .posemb import Grid, resample_relative
 
@@ -84,12 +85,12 @@ class Attention(nn.Module):
         # unbind along the (B, N, 3, nh, hd) layout itself: in backward the three gradients are stacked straight
         # into the qkv output's layout, where permuting first would cost an extra copy of them
         B, N, C = x.shape
-        q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)
+        q, k, v = dense(self.qkv, x).reshape(B, N, 3, self.num_heads, self.head_dim).unbind(2)
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, nh, N, hd)
 
     def _out(self, x: torch.Tensor) -> torch.Tensor:
         B, _, N, _ = x.shape
-        return self.proj_drop(self.proj(x.transpose(1, 2).reshape(B, N, -1)))
+        return self.proj_drop(dense(self.proj, x.transpose(1, 2).reshape(B, N, -1)))
 
     def _q_kv(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries of the first n tokens, keys and values of all: the qkv matmul split by rows of its weight."""
@@ -98,8 +99,8 @@ class Attention(nn.Module):
             return q[:, :, :n], k, v
         B, N, C = x.shape
         w, b = self.qkv.weight, self.qkv.bias
-        q = F.linear(x[:, :n], w[:C], b[:C]).reshape(B, n, self.num_heads, self.head_dim).transpose(1, 2)
-        k, v = F.linear(x, w[C:], b[C:]).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
+        q = linear(x[:, :n], w[:C], b[:C]).reshape(B, n, self.num_heads, self.head_dim).transpose(1, 2)
+        k, v = linear(x, w[C:], b[C:]).reshape(B, N, 2, self.num_heads, self.head_dim).unbind(2)
         return q, k.transpose(1, 2), v.transpose(1, 2)
 
     def _relative_logits(self, q: torch.Tensor, rel: RelativePositions) -> torch.Tensor | None:

@@ -12,6 +12,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .gelu import GELU
+from .linear import dense
 
 C = TypeVar("C")
 
@@ -83,7 +84,7 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(self.fc2(self.drop(self.act(self.fc1(x)))))
+        return self.drop(dense(self.fc2, self.drop(self.act(dense(self.fc1, x)))))
 
 
 def zero_head(in_features: int, num_classes: int) -> nn.Module:

@@ -1,0 +1,162 @@
+"""The Dense layers' oneDNN matmuls in fp32 training: the function and gradients of F.linear, and where they apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import vitkit
+from vitkit.models import linear as linear_mod
+from vitkit.models.linear import MIN_ROWS, MIN_SIDE, dense, linear, uses_onednn
+
+pytestmark = pytest.mark.skipif(not linear_mod._has_onednn(), reason="oneDNN on x86 only")
+
+
+def operands(rows: int = MIN_ROWS, d_in: int = MIN_SIDE, d_out: int = 3 * MIN_SIDE, lead: int = 1):
+    torch.manual_seed(0)
+    x = torch.randn(lead, rows // lead, d_in, dtype=torch.float64)
+    w = torch.randn(d_out, d_in, dtype=torch.float64) / d_in**0.5
+    return x, w, torch.randn(d_out, dtype=torch.float64), torch.randn(lead, rows // lead, d_out, dtype=torch.float64)
+
+
+def count_onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls: list[int] = []
+    matmul = linear_mod._matmul
+
+    def counted(*args):
+        calls.append(1)
+        return matmul(*args)
+
+    monkeypatch.setattr(linear_mod, "_matmul", counted)
+    return calls
+
+
+@pytest.mark.parametrize("lead", [1, 8])
+def test_output_and_gradients_are_float64s_to_fp32_rounding(lead: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = count_onednn_calls(monkeypatch)
+    x64, w64, b64, g64 = operands(lead=lead)
+    x, w, b = (t.float().requires_grad_() for t in (x64, w64, b64))
+    y = linear(x, w, b)
+    y.backward(g64.float())
+    assert len(calls) == 2  # forward, and the input's gradient
+    ref = [t.requires_grad_() for t in (x64.clone(), w64.clone(), b64.clone())]
+    y64 = F.linear(*ref)
+    y64.backward(g64)
+    for got, want in [(y, y64), (x.grad, ref[0].grad), (w.grad, ref[1].grad), (b.grad, ref[2].grad)]:
+        assert got.dtype == torch.float32 and got.shape == want.shape
+        assert (got.double() - want).abs().max() <= 2e-6 * want.abs().max()
+
+
+def test_a_non_contiguous_input_and_a_weight_slice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the class-token path calls it: rows of the qkv weight, an input that is a view."""
+    calls = count_onednn_calls(monkeypatch)
+    x64, w64, b64, _ = operands(rows=2 * MIN_ROWS, lead=4)
+    x = x64.float().transpose(0, 1).requires_grad_()  # (rows/4, 4, in), not contiguous
+    w = w64.float().requires_grad_()
+    y = linear(x, w[MIN_SIDE:], None)
+    y.sum().backward()
+    assert calls and y.shape == (2 * MIN_ROWS // 4, 4, 2 * MIN_SIDE)
+    assert (y.double() - F.linear(x64.transpose(0, 1), w64[MIN_SIDE:])).abs().max() < 1e-5
+    assert w.grad[:MIN_SIDE].abs().max() == 0 and w.grad[MIN_SIDE:].abs().min() > 0
+
+
+def test_a_gradient_of_the_gradient_is_f_linears() -> None:
+    x64, w64, _, _ = operands()
+    x, w = x64.float().requires_grad_(), w64.float().requires_grad_()
+    x2, w2 = x64.float().requires_grad_(), w64.float().requires_grad_()
+    (gx,) = torch.autograd.grad(linear(x, w).pow(2).sum(), x, create_graph=True)
+    (gx2,) = torch.autograd.grad(F.linear(x2, w2).pow(2).sum(), x2, create_graph=True)
+    (gw,) = torch.autograd.grad(gx.sum(), w)
+    (gw2,) = torch.autograd.grad(gx2.sum(), w2)
+    assert (gw - gw2).abs().max() <= 1e-5 * gw2.abs().max()
+
+
+def test_where_it_applies() -> None:
+    x64, w64, _, _ = operands()
+    x, w = x64.float(), w64.float().requires_grad_()
+    assert uses_onednn(x, w)
+    assert not uses_onednn(x[:, 1:], w)  # one row fewer than MIN_ROWS
+    assert not uses_onednn(x[..., 1:], w[:, 1:])  # in_features below MIN_SIDE
+    assert not uses_onednn(x, w[: MIN_SIDE - 1])  # out_features below MIN_SIDE
+    assert not uses_onednn(x, w.detach())  # nothing records a gradient: inference
+    with torch.no_grad():
+        assert not uses_onednn(x, w)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert uses_onednn(x, w) and uses_onednn(x.bfloat16(), w)
+    with torch.autocast("cpu", dtype=torch.float16):
+        assert not uses_onednn(x, w)
+    assert not uses_onednn(x.double(), w.detach().double().requires_grad_())
+    assert not uses_onednn(x.bfloat16(), w.detach().bfloat16().requires_grad_())
+
+
+def test_a_layer_with_a_hook_or_a_subclass_runs_its_own_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = count_onednn_calls(monkeypatch)
+    x = torch.randn(MIN_ROWS, MIN_SIDE)
+    layer = nn.Linear(MIN_SIDE, MIN_SIDE)
+    dense(layer, x)
+    assert len(calls) == 1
+    seen = []
+    handle = layer.register_forward_hook(lambda m, args, out: seen.append(out.shape))
+    y = dense(layer, x)
+    handle.remove()
+    assert seen == [y.shape] and len(calls) == 1
+
+    class Scaled(nn.Linear):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    scaled = Scaled(MIN_SIDE, MIN_SIDE)
+    assert torch.equal(dense(scaled, x), scaled(x)) and len(calls) == 1
+
+
+def test_a_vit_step_through_onednn_equals_the_step_through_f_linear(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model wide and long enough: the MLP, qkv (whole and split for the class-token block) and projection
+    layers multiply through oneDNN, and loss and every gradient are those of F.linear's path."""
+    cfg = dict(img_size=32, patch_size=4, width=MIN_SIDE, depth=2, num_heads=2, mlp_dim=2 * MIN_SIDE, num_classes=5)
+    model = vitkit.create_model("vit_ti16", **cfg).train()
+    images = torch.randn(MIN_ROWS // 64, 3, 32, 32)  # 32 images of 65 tokens: 2,080 rows
+    labels = torch.randint(0, 5, (images.shape[0],))
+
+    def step() -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(images), labels)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    calls = count_onednn_calls(monkeypatch)
+    loss, grads = step()
+    # block 0: qkv, proj, fc1, fc2; block 1 (class token only): keys and values (its query and everything after it
+    # are one row an image); each forward and for the input's gradient
+    assert len(calls) == 2 * 5
+    monkeypatch.setattr(linear_mod, "MIN_ROWS", 10**9)
+    loss_ref, grads_ref = step()
+    assert len(calls) == 10
+    assert abs(loss - loss_ref) < 1e-6
+    for name, g in grads_ref.items():
+        assert (grads[name] - g).abs().max() <= 1e-5 * max(g.abs().max().item(), 1e-6), name
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_under_bf16_autocast_bit_for_bit_autocasts_f_linear(x_dtype: torch.dtype, monkeypatch) -> None:
+    """The bias added inside oneDNN's matmul rounds once, as autocast's addmm does: the same bits, output and every
+    gradient in the dtype autocast gives them."""
+    calls = count_onednn_calls(monkeypatch)
+    x64, w64, b64, g64 = operands(lead=4)
+    results = []
+    for f in (F.linear, linear):
+        x, w, b = x64.to(x_dtype).requires_grad_(), w64.float().requires_grad_(), b64.float().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = f(x, w, b)
+        y.backward(g64.bfloat16())
+        results.append((y, x.grad, w.grad, b.grad))
+    assert len(calls) == 1
+    for want, got in zip(*results):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    x = x64.float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y = linear(x, w64.float().requires_grad_())
+    (gx,) = torch.autograd.grad(y.float().pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()  # as the bf16 GELU kernel: a gradient of the gradient is refused, not wrong

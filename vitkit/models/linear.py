@@ -1,0 +1,156 @@
+"""The Dense layers' matmuls in training on a CPU: oneDNN where it multiplies faster than BLAS or autocast.
+
+An nn.Linear on the CPU in fp32 multiplies through BLAS (MKL's sgemm), forward and backward. On 2 AMD EPYC
+cores (AVX512), oneDNN's matmul ran ViT-S/16's layer shapes at batch 32 (6,304 rows) about 10% faster forward and
+for the input's gradient (200-220 GFLOP/s against 130-195, its weight reordered into oneDNN's layout on each
+call), while MKL stays the faster for the weight's gradient (g^T x: 165-170 GFLOP/s, oneDNN 90-120 through the
+transposed copies it needs). So in fp32 training a large enough layer runs forward and input gradient through
+oneDNN and the weight gradient through MKL: one layer's forward and backward 1.04-1.25x nn.Linear's at 2,364 to
+12,608 rows. The same function to the rounding of another fp32 summation order.
+
+Under CPU bf16 autocast the products are oneDNN's already, but autocast's addmm first copies the bias into the
+output and then accumulates into it; oneDNN adds the bias inside its matmul instead, with the same bits (the
+output, and every gradient, as autocast gives them): 1.2-2 ms less of a ViT-S/16 layer's 13-19 ms at batch 32, a
+bf16-autocast ViT-S/16 training step 1.04x. A gradient of the gradient is refused there, as by the bf16 GELU
+kernel.
+
+Where it does not pay it is nn.Linear as it is: fewer than 2,048 rows (at 1,576 rows oneDNN was no faster and at
+197 it was 0.74x, the reorders and the Python autograd function costing more than they save), a side narrower
+than 128 (64-wide layers ran 0.90-1.02x at 6,120 rows), inference (no autograd recording), other dtypes
+(autocast to fp16 too) and devices, and anything that needs to see an nn.Linear call: traced and compiled graphs
+(inductor picks its own kernels), torch.func transforms, and a layer with hooks or a subclass (LoRA, quantised
+layers). The thresholds were measured in fp32; bf16 keeps them.
+"""
+
+from __future__ import annotations
+
+import functools
+import platform
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.modules import module as _module
+
+MIN_ROWS = 2048  # rows of the input (all but its last dim) from which oneDNN's matmul is the faster
+MIN_SIDE = 128  # in_features and out_features both at least this
+
+
+@functools.cache
+def _has_onednn() -> bool:
+    # measured on x86 only; on other CPUs torch's oneDNN build runs other kernels (Arm: ACL)
+    return torch.backends.mkldnn.is_available() and platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _reordered(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight, None)
+
+
+def _matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b through oneDNN (x: (..., in), weight: (out, in))."""
+    return torch.ops.mkldnn._linear_pointwise(x, _reordered(weight), bias, "none", [], "")
+
+
+class _OneDnnLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _matmul(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (rows, out), (rows, in)
+        differentiable = torch.is_grad_enabled()  # create_graph=True: a gradient of the gradient is asked for
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = grad.matmul(weight) if differentiable else _matmul(grad, weight.t().contiguous(), None)
+        if ctx.needs_input_grad[1]:
+            gw = g2.t().mm(x2)  # BLAS: faster than oneDNN here
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            gb = g2.sum(0)
+        return gx, gw, gb
+
+
+class _OneDnnLinearAutocast(torch.autograd.Function):
+    """Under CPU bf16 autocast: the bias added inside oneDNN's matmul, where autocast's addmm first copies it into
+    the output (1.2-2 ms of a ViT-S/16 layer's 13-19 at batch 32). Casts, products and gradients as autocast's."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        xb, wb = x.to(torch.bfloat16), weight.to(torch.bfloat16)
+        ctx.save_for_backward(xb, wb)
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
+        return _matmul(xb, wb, None if bias is None else bias.to(torch.bfloat16))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        xb, wb = ctx.saved_tensors
+        grad = grad.to(torch.bfloat16).contiguous()
+        g2, x2 = grad.reshape(-1, grad.shape[-1]), xb.reshape(-1, xb.shape[-1])
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            gx = grad.matmul(wb).to(x_dtype)  # bf16 products run on oneDNN already
+        if ctx.needs_input_grad[1]:
+            gw = g2.t().mm(x2).to(w_dtype)
+        if b_dtype is not None and ctx.needs_input_grad[2]:
+            gb = g2.sum(0).to(b_dtype)
+        return gx, gw, gb
+
+
+def _plain(layer: nn.Module) -> bool:
+    """An nn.Linear itself whose call would run nothing but its forward: no hooks on it or on every module."""
+    return type(layer) is nn.Linear and not (
+        layer._forward_hooks
+        or layer._forward_pre_hooks
+        or layer._backward_hooks
+        or layer._backward_pre_hooks
+        or _module._global_forward_hooks
+        or _module._global_forward_pre_hooks
+        or _module._global_backward_hooks
+        or _module._global_backward_pre_hooks
+    )
+
+
+def _autocast_bf16() -> bool:
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
+def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls (the cases in the module's docstring)."""
+    autocast = torch.is_autocast_enabled("cpu")
+    return (
+        x.device.type == "cpu"
+        and weight.dtype == torch.float32
+        and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and autocast))
+        and (not autocast or _autocast_bf16())
+        and x.dim() >= 2
+        and min(weight.shape) >= MIN_SIDE
+        and x.numel() >= MIN_ROWS * x.shape[-1]
+        and torch.is_grad_enabled()
+        and (x.requires_grad or weight.requires_grad)
+        and _has_onednn()
+        and not torch.compiler.is_compiling()
+        and not torch.jit.is_tracing()
+        and not torch._C._are_functorch_transforms_active()
+    )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias); in fp32 training on a CPU, at sizes where it is faster, through oneDNN."""
+    if uses_onednn(x, weight):
+        function = _OneDnnLinearAutocast if torch.is_autocast_enabled("cpu") else _OneDnnLinear
+        return function.apply(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+def dense(layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) for a Dense layer: ``linear`` for a plain nn.Linear, the layer's own call for anything else."""
+    if isinstance(layer, nn.Linear) and _plain(layer):
+        return linear(x, layer.weight, layer.bias)
+    return layer(x)
