@@ -160,3 +160,15 @@ def test_under_bf16_autocast_bit_for_bit_autocasts_f_linear(x_dtype: torch.dtype
     (gx,) = torch.autograd.grad(y.float().pow(2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         gx.sum().backward()  # as the bf16 GELU kernel: a gradient of the gradient is refused, not wrong
+
+
+def test_a_compiled_model_traces_f_linear_in_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.compile sees plain F.linear (inductor picks its own kernels), and the check itself breaks no graph."""
+    calls = count_onednn_calls(monkeypatch)
+    cfg = dict(img_size=32, patch_size=4, width=MIN_SIDE, depth=2, num_heads=2, mlp_dim=2 * MIN_SIDE, num_classes=5)
+    model = vitkit.create_model("vit_ti16", **cfg).train()
+    images = torch.randn(MIN_ROWS // 64, 3, 32, 32)
+    torch.compile(model, backend="eager", fullgraph=True)(images).sum().backward()
+    assert not calls
+    model(images).sum().backward()  # the same call eagerly does run them
+    assert len(calls) == 10

@@ -123,6 +123,8 @@ def _autocast_bf16() -> bool:
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls (the cases in the module's docstring)."""
+    if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
+        return False
     autocast = torch.is_autocast_enabled("cpu")
     return (
         x.device.type == "cpu"
@@ -135,7 +137,6 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
         and _has_onednn()
-        and not torch.compiler.is_compiling()
         and not torch.jit.is_tracing()
         and not torch._C._are_functorch_transforms_active()
     )
