@@ -2,11 +2,12 @@
 
 An nn.Linear on the CPU in fp32 multiplies through BLAS (MKL's sgemm), forward and backward. On 2 AMD EPYC
 cores (AVX512), oneDNN's matmul ran ViT-S/16's layer shapes at batch 32 (6,304 rows) about 10% faster forward and
-for the input's gradient (200-220 GFLOP/s against 130-195, its weight reordered into oneDNN's layout on each
-call), while MKL stays the faster for the weight's gradient (g^T x: 165-170 GFLOP/s, oneDNN 90-120 through the
+for the input's gradient (155-220 GFLOP/s against 115-200, its weight reordered into oneDNN's layout on each
+call), while MKL stays the faster for the weight's gradient (g^T x: 164-172 GFLOP/s, oneDNN 87-118 through the
 transposed copies it needs). So in fp32 training a large enough layer runs forward and input gradient through
-oneDNN and the weight gradient through MKL: one layer's forward and backward 1.04-1.25x nn.Linear's at 2,364 to
-12,608 rows. The same function to the rounding of another fp32 summation order.
+oneDNN and the weight gradient through MKL: one layer's forward and backward 0.97-1.25x nn.Linear's (median
+1.08x, 15 cases) at 2,364 to 12,608 rows, a ViT-S/16 fp32 training step 1.09x. The same function to the rounding
+of another fp32 summation order.
 
 Under CPU bf16 autocast the products are oneDNN's already, but autocast's addmm first copies the bias into the
 output and then accumulates into it; oneDNN adds the bias inside its matmul instead, with the same bits (the
