@@ -105,7 +105,8 @@ class _OneDnnLinearAutocast(torch.autograd.Function):
 
 
 def _plain(layer: nn.Module) -> bool:
-    """An nn.Linear itself whose call would run nothing but its forward: no hooks on it or on every module."""
+    """An nn.Linear itself whose call would run nothing but its forward: no hooks on it, and no global module
+    hooks."""
     return type(layer) is nn.Linear and not (
         layer._forward_hooks
         or layer._forward_pre_hooks
@@ -144,7 +145,8 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias); in fp32 training on a CPU, at sizes where it is faster, through oneDNN."""
+    """F.linear(x, weight, bias); in training on a CPU, at sizes where it is faster, through vitkit's oneDNN calls
+    (fp32: forward and input gradient; bf16 autocast: the bias inside the matmul)."""
     if uses_onednn(x, weight):
         function = _OneDnnLinearAutocast if torch.is_autocast_enabled("cpu") else _OneDnnLinear
         return function.apply(x, weight, bias)
