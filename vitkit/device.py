@@ -72,6 +72,11 @@ def bf16_is_fast(device: torch.device) -> bool:
     return device.type == "cpu" and cpu_has_fast_bf16()
 
 
+def cpu_autocast_is_bf16() -> bool:
+    """Whether CPU autocast is on here and computes in bf16 (what the bf16 CPU paths of attention and Dense ask)."""
+    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
 def seed_rng(seed: int, device: torch.device | None = None) -> None:
     """Seed the generators that random draws for work on ``device`` use: the CPU's and, for a CUDA device, its own.
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..device import cpu_autocast_is_bf16
 from .linear import dense, linear
 from .merge import size_bias
 from .posemb import Grid, resample_relative
@@ -36,9 +37,7 @@ def attends_explicitly(attn_impl: str, x: torch.Tensor) -> bool:
         return attn_impl == "explicit"
     if x.device.type != "cpu":
         return False
-    return x.dtype == torch.bfloat16 or (
-        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    )
+    return x.dtype == torch.bfloat16 or cpu_autocast_is_bf16()
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules import module as _module
 
+from ..device import cpu_autocast_is_bf16
+
 MIN_ROWS = 2048  # rows of the input (all but its last dim) from which oneDNN's matmul is the faster
 MIN_SIDE = 128  # in_features and out_features both at least this
 
@@ -53,6 +55,14 @@ def _matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) ->
     return torch.ops.mkldnn._linear_pointwise(x, _reordered(weight), bias, "none", [], "")
 
 
+def _param_grads(ctx: Any, grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The weight's gradient g^T x through BLAS (faster than oneDNN there) and the bias's, in grad's dtype."""
+    g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (rows, out), (rows, in)
+    gw = g2.t().mm(x2) if ctx.needs_input_grad[1] else None
+    gb = g2.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    return gw, gb
+
+
 class _OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -64,16 +74,10 @@ class _OneDnnLinear(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         grad = grad.contiguous()
-        g2, x2 = grad.reshape(-1, grad.shape[-1]), x.reshape(-1, x.shape[-1])  # (rows, out), (rows, in)
-        differentiable = torch.is_grad_enabled()  # create_graph=True: a gradient of the gradient is asked for
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = grad.matmul(weight) if differentiable else _matmul(grad, weight.t().contiguous(), None)
-        if ctx.needs_input_grad[1]:
-            gw = g2.t().mm(x2)  # BLAS: faster than oneDNN here
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = g2.sum(0)
-        return gx, gw, gb
+        gx = None
+        if ctx.needs_input_grad[0]:  # with create_graph=True (a gradient of the gradient) in differentiable ops
+            gx = grad.matmul(weight) if torch.is_grad_enabled() else _matmul(grad, weight.t().contiguous(), None)
+        return gx, *_param_grads(ctx, grad, x)
 
 
 class _OneDnnLinearAutocast(torch.autograd.Function):
@@ -84,6 +88,7 @@ class _OneDnnLinearAutocast(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         xb, wb = x.to(torch.bfloat16), weight.to(torch.bfloat16)
         ctx.save_for_backward(xb, wb)
+        ctx.has_bias = bias is not None
         ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype)
         return _matmul(xb, wb, None if bias is None else bias.to(torch.bfloat16))
 
@@ -92,16 +97,12 @@ class _OneDnnLinearAutocast(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         xb, wb = ctx.saved_tensors
         grad = grad.to(torch.bfloat16).contiguous()
-        g2, x2 = grad.reshape(-1, grad.shape[-1]), xb.reshape(-1, xb.shape[-1])
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
-        gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = grad.matmul(wb).to(x_dtype)  # bf16 products run on oneDNN already
-        if ctx.needs_input_grad[1]:
-            gw = g2.t().mm(x2).to(w_dtype)
-        if b_dtype is not None and ctx.needs_input_grad[2]:
-            gb = g2.sum(0).to(b_dtype)
-        return gx, gw, gb
+        gx = grad.matmul(wb) if ctx.needs_input_grad[0] else None  # bf16 products run on oneDNN already
+        # each gradient in its input's dtype, as autocast's casts give them
+        return tuple(
+            None if g is None else g.to(dtype)
+            for g, dtype in zip((gx, *_param_grads(ctx, grad, xb)), ctx.dtypes, strict=True)
+        )
 
 
 def _plain(layer: nn.Module) -> bool:
@@ -119,23 +120,19 @@ def _plain(layer: nn.Module) -> bool:
     )
 
 
-def _autocast_bf16() -> bool:
-    return torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-
-
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls (the cases in the module's docstring)."""
     if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
+        return False
+    # the size checks first: they turn away small models' layers for the least time a call
+    if x.dim() < 2 or min(weight.shape) < MIN_SIDE or x.numel() < MIN_ROWS * x.shape[-1]:
         return False
     autocast = torch.is_autocast_enabled("cpu")
     return (
         x.device.type == "cpu"
         and weight.dtype == torch.float32
         and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and autocast))
-        and (not autocast or _autocast_bf16())
-        and x.dim() >= 2
-        and min(weight.shape) >= MIN_SIDE
-        and x.numel() >= MIN_ROWS * x.shape[-1]
+        and (not autocast or cpu_autocast_is_bf16())
         and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
         and _has_onednn()
