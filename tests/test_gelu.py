@@ -96,6 +96,33 @@ def test_compiled_on_a_cpu_the_gelu_is_the_sigmoid_form_in_fp32_too() -> None:
     assert (torch.compile(gelu_mod.gelu_tanh)(x).double() - tanh_gelu64(x.double())).abs().max() < 1e-6  # inductor
 
 
+@pytest.mark.filterwarnings("ignore:dynamo_pgo force disabled")
+def test_the_kernels_split_their_loop_over_the_threads_whatever_length_compiled_them() -> None:
+    """Built on a 64-element probe, inductor would judge the loop too short to split and its cache would serve that
+    one-thread kernel to every later length; the kernels are compiled with the parallel loop all the same."""
+    from torch._inductor import config
+    from torch._inductor.utils import run_and_get_code
+
+    for kernel, inputs in ((gelu_mod._forward, 1), (gelu_mod._backward, 2)):
+        with config.patch(force_disable_caches=True):  # the code generated now, not a cached kernel
+            _, code = run_and_get_code(gelu_mod._compile(kernel), *[torch.linspace(-4, 4, 64)] * inputs)
+        assert code and all("#pragma omp parallel" in c for c in code), kernel.__name__
+
+
+def test_one_compilation_serves_every_shape() -> None:
+    """Compiled once on the probe, for flat tensors of any length: no caller's shape compiles them again (a view
+    would bring its base's shape into the guards, recompiling for each new one, and after 8 dynamo runs the function
+    eagerly)."""
+    torch._dynamo.reset()
+    gelu_mod._kernels.cache_clear()
+    gelu_mod._kernels(torch.bfloat16)  # compiled here
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        for shape in ((4, 197, 96), (4, 1, 96), (3, 5), (7,), (2, 1, 1, 9)):
+            x = torch.randn(shape).bfloat16().requires_grad_()
+            gelu_mod.gelu_tanh(x).sum().backward()
+            gelu_mod.gelu_tanh(x.detach().transpose(0, -1).requires_grad_()).sum().backward()  # not contiguous
+
+
 def test_a_kernel_that_cannot_be_compiled_warns_once_and_uses_atens(monkeypatch: pytest.MonkeyPatch) -> None:
     def no_compiler(fn, **kwargs):
         def fail(*args):

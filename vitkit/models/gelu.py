@@ -10,13 +10,14 @@ fast vectorised exp instead:
 
 - in training (the module in training mode and autograd recording the GELU; bf16 autocast included), in bf16
   and in fp32 from 2^20 elements, computed in fp32 in one compiled elementwise kernel for the forward and one for
-  the backward. In bf16 2.1-2.7x faster than ATen's on 2 AVX512 cores, and every output the float64 value
-  correctly rounded to bf16 (ATen's are not for x < -3); in fp32 ATen's kernel is as slow (a ViT-S/16 MLP's
-  activations at batch 32, forward and backward: 17.4 ms against 7.9 ms), a ViT-S/16 fp32 training step 1.02x.
-  Below 2^20 fp32 elements the saving (under a millisecond a call) does not repay the kernel's compilation, so
-  small models keep ATen's. The kernels are compiled on first use for each dtype (a few seconds, then cached on
-  disk by torch.compile), for every size at once; where they cannot be compiled (no C++ compiler), a warning
-  says so once and ATen's kernel runs instead;
+  the backward. On 2 AVX512 cores, over a ViT-S/16 MLP's activations at batch 32, forward and backward: in bf16
+  9.4-11.0 ms against ATen's 19.0-20.9, every output the float64 value correctly rounded to bf16 (ATen's are not
+  for x < -3); in fp32 ATen's kernel is as slow, 8.7-9.8 ms against 17.5-18.9, a ViT-S/16 fp32 training step
+  1.02x. Below 2^20 fp32 elements the saving (under a millisecond a call) does not repay the kernel's
+  compilation, so small models keep ATen's. The kernels are compiled on first use for each dtype (a few seconds,
+  then cached on disk by torch.compile), once for every size, each loop split over the threads torch runs (the
+  same kernels on one thread: a ViT-S/16 training step 1.04x slower in fp32 and in bf16 autocast); where they
+  cannot be compiled (no C++ compiler), a warning says so once and ATen's kernel runs instead;
 - inside a graph that torch.compile traces on the CPU, in any precision, as plain tensor ops that inductor fuses
   with the ops around them (int8 ViT-B/16, compiled: 1.06-1.09x at batch 1, 8 and 64).
 
@@ -58,11 +59,23 @@ def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return (grad.float() * (s + xf * s * (1 - s) * _C2 * (1 + 3 * _A * xf * xf))).to(x.dtype)
 
 
+def _compile(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """fn compiled for flat tensors of any length, its loop split over the threads torch runs at call time.
+
+    Inductor decides at compile time whether a loop is worth splitting, from the sizes of the first call, and
+    torch.compile's on-disk cache then serves that decision to every later process: compiled on the 64-element
+    probe below, the kernels ran on one core of two, at half their speed, for ever after. ``cpp.dynamic_threads``
+    always emits the parallel loop and reads the thread count (torch.set_num_threads) when it runs; being part of
+    the compile options, it also keys a cache entry of its own, so a serial kernel cached earlier is not reused.
+    """
+    return torch.compile(fn, dynamic=True, options={"cpp.dynamic_threads": True})
+
+
 @functools.cache
 def _kernels(dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] | None:
     """The two kernels compiled for flat tensors of dtype and any length; None where torch.compile cannot build
     them."""
-    forward, backward = torch.compile(_forward, dynamic=True), torch.compile(_backward, dynamic=True)
+    forward, backward = _compile(_forward), _compile(_backward)
     probe = torch.linspace(-4, 4, 64, dtype=dtype)
     try:  # compiles both now, for every length: a missing compiler shows here, not inside a training step
         _run(forward, probe)
@@ -77,7 +90,7 @@ def _kernels(dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], Callable[
 
 
 def _run(kernel: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> torch.Tensor:
-    flat = [t.detach().contiguous().view(-1) for t in tensors]
+    flat = [t.contiguous().view(-1).detach() for t in tensors]  # not a view: its base's shape would be guarded on
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # one compiled variant for every caller's state
         return kernel(*flat)
 
