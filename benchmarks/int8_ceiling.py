@@ -1,0 +1,136 @@
+"""How much of the int8 matmul peak a ViT's int8 inference can reach on this machine, whatever runs around its matmuls.
+
+    python benchmarks/int8_ceiling.py                        # ViT-B/16 at batch 1, 8 and 64: 1 min on 2 cores
+    python benchmarks/int8_ceiling.py --model vit_s16 --batch-sizes 8
+
+The int8 share of peak that benchmarks/bench_vit.py prints is the FLOPs the model executes over its time, against
+the int8 peak (torch._int_mm on one large square product, timed here too). Its Linear layers are int8 matmuls, which
+run at that peak at ViT shapes; attention (q k^T and the probabilities times v) is not: it runs in fp32, or bf16,
+through torch's fused kernel (SDPA). So even if every int8 matmul ran at the peak and nothing else ran at all (no
+quantisation or rescaling, LayerNorm, GELU or residual adds), a forward pass would take the matmuls' FLOPs at the
+peak plus attention's time, and its share of the peak could not exceed
+
+    ceiling = executed FLOPs / (matmul FLOPs / peak + attention seconds) / peak
+
+Prints, for each batch size, SDPA's time for one block's attention in fp32 and in bf16 (its rate), attention's share
+of the FLOPs, the ceiling with each, and the rate of the int8 matmul itself at the block's Linear shapes (against the
+peak: how near "at the peak" they run). Speed needs a quiet machine: the load average is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vitkit.bench import load_average, load_warnings, measure_matmul_peak, time_alternating, vit_flops
+from vitkit.device import usable_cores
+from vitkit.fast import tune_cpu_allocator
+from vitkit.models import ViTConfig
+from vitkit.models.registry import model_config
+
+
+def ceiling(executed_flops: float, matmul_flops: float, attention_s: float, peak_flops: float) -> float:
+    """The share of the peak a forward pass reaches when its matmuls run at the peak and attention takes
+    attention_s seconds, nothing else taking any time (FLOPs and rates in the same unit)."""
+    return executed_flops / (matmul_flops / peak_flops + attention_s) / peak_flops
+
+
+def medians(steps: dict[str, Callable[[], Any]], rounds: int, min_s: float = 0.1) -> dict[str, float]:
+    """Median seconds a call of each step, the steps taking turns in every round after one to warm up. A step is
+    timed over as many calls back to back as take min_s: time_alternating idles between its timings, and a
+    millisecond's work timed alone after that would mostly measure the wake-up of the threads."""
+    calls = {name: max(1, math.ceil(min_s / max(timeit(step), 1e-6))) for name, step in steps.items()}
+    repeated = {name: functools.partial(_repeat, step, calls[name]) for name, step in steps.items()}
+    times = time_alternating(repeated, repeats=rounds, warmup=1, device=torch.device("cpu"))
+    return {name: statistics.median(t) / calls[name] for name, t in times.items()}
+
+
+def timeit(fn: Callable[[], Any]) -> float:
+    """Seconds of one call, after one to warm up."""
+    fn()
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def _repeat(fn: Callable[[], Any], calls: int) -> None:
+    for _ in range(calls):
+        fn()
+
+
+def attention_seconds(cfg: ViTConfig, batch: int, rounds: int) -> dict[str, float]:
+    """One full block's attention through SDPA in fp32 and in bf16: (batch, heads, tokens, head_dim) queries, keys
+    and values."""
+    tokens = cfg.grid()[0] * cfg.grid()[1] + (1 if cfg.classifier == "token" else 0)
+    qkv = [torch.randn(batch, cfg.num_heads, tokens, cfg.width // cfg.num_heads) for _ in range(3)]
+    steps = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        q, k, v = (t.to(dtype) for t in qkv)
+        steps[name] = functools.partial(F.scaled_dot_product_attention, q, k, v)
+    with torch.no_grad():
+        return medians(steps, rounds)
+
+
+def int8_matmul_rates(cfg: ViTConfig, batch: int, rounds: int) -> list[float]:
+    """FLOP/s of torch._int_mm at each of a block's Linear shapes (qkv, proj, fc1, fc2) for a batch of images."""
+    rows = batch * (cfg.grid()[0] * cfg.grid()[1] + (1 if cfg.classifier == "token" else 0))
+    d, m = cfg.width, cfg.mlp_dim
+    shapes = ((d, 3 * d), (d, d), (d, m), (m, d))
+    steps = {
+        f"{k}x{n}": functools.partial(
+            torch._int_mm,
+            torch.randint(-128, 128, (rows, k), dtype=torch.int8),
+            torch.randint(-128, 128, (k, n), dtype=torch.int8),
+        )
+        for k, n in shapes
+    }
+    return [2 * rows * k * n / s for (k, n), s in zip(shapes, medians(steps, rounds).values(), strict=True)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="vit_b16", help="a registered ViT (default vit_b16)")
+    p.add_argument("--batch-sizes", default="1,8,64", help="comma-separated (default 1,8,64)")
+    p.add_argument("--rounds", type=int, default=7, help="timed rounds, the medians printed (default 7)")
+    args = p.parse_args(argv)
+    cfg = model_config(args.model)
+    if not isinstance(cfg, ViTConfig):
+        p.error(f"--model {args.model}: not a ViT")
+    flops = vit_flops(cfg, logits_path=True)  # what forward() executes, per image
+    full_block = vit_flops(cfg)["attention"] / cfg.depth  # one block's attention FLOPs, every token a query
+    blocks = flops["attention"] / full_block  # the class-token-only last block counts for its share of them
+    matmuls = flops["total"] - flops["attention"]
+    tune_cpu_allocator()  # as bench_vit.py and the vitkit command line do: no fresh pages for each product
+    before = load_average()
+    peak = measure_matmul_peak(torch.int8, torch.device("cpu")) * 1e9
+    print(
+        f"{args.model}: {flops['total'] / 1e9:.2f} GFLOP an image executed, attention {flops['attention'] / 1e9:.2f} "
+        f"({100 * flops['attention'] / flops['total']:.1f}%); int8 peak {peak / 1e9:.0f} GOP/s "
+        f"(torch._int_mm), {torch.get_num_threads()} threads"
+    )
+    for batch in (int(b) for b in args.batch_sizes.split(",")):
+        row = []
+        for name, block_s in attention_seconds(cfg, batch, args.rounds).items():
+            share = ceiling(batch * flops["total"], batch * matmuls, blocks * block_s, peak)
+            rate = batch * full_block / block_s / 1e9
+            row.append(f"{name} SDPA {block_s * 1e3:6.2f} ms a block ({rate:3.0f} GFLOP/s): ceiling {share:4.0%}")
+        rates = int8_matmul_rates(cfg, batch, args.rounds)
+        print(f"  batch {batch:3d}: " + ";  ".join(row))
+        print(
+            f"{'':13s}int8 matmuls at the Linear layers' shapes: {min(rates) / peak:.0%}-{max(rates) / peak:.0%} "
+            "of the peak"
+        )
+    for line in load_warnings(before, load_average(), torch.get_num_threads(), usable_cores()):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
