@@ -5,10 +5,10 @@
 
 The int8 share of peak that benchmarks/bench_vit.py prints is the FLOPs the model executes over its time, against
 the int8 peak (torch._int_mm on one large square product, timed here too). Its Linear layers are int8 matmuls, which
-run at that peak at ViT shapes; attention (q k^T and the probabilities times v) is not: it runs in fp32, or bf16,
-through torch's fused kernel (SDPA). So even if every int8 matmul ran at the peak and nothing else ran at all (no
-quantisation or rescaling, LayerNorm, GELU or residual adds), a forward pass would take the matmuls' FLOPs at the
-peak plus attention's time, and its share of the peak could not exceed
+run near that peak at ViT shapes (printed below); attention (q k^T and the probabilities times v) is not int8: it
+runs in fp32, or bf16, through torch's fused kernel (SDPA). So even if every int8 matmul ran at the peak and
+nothing else ran at all (no quantisation or rescaling, LayerNorm, GELU or residual adds), a forward pass would take
+the matmuls' FLOPs at the peak plus attention's time, and its share of the peak could not exceed
 
     ceiling = executed FLOPs / (matmul FLOPs / peak + attention seconds) / peak
 
