@@ -66,10 +66,9 @@ def _repeat(fn: Callable[[], Any], calls: int) -> None:
         fn()
 
 
-def attention_seconds(cfg: ViTConfig, batch: int, rounds: int) -> dict[str, float]:
+def attention_seconds(cfg: ViTConfig, batch: int, tokens: int, rounds: int) -> dict[str, float]:
     """One full block's attention through SDPA in fp32 and in bf16: (batch, heads, tokens, head_dim) queries, keys
     and values."""
-    tokens = cfg.grid()[0] * cfg.grid()[1] + (1 if cfg.classifier == "token" else 0)
     qkv = [torch.randn(batch, cfg.num_heads, tokens, cfg.width // cfg.num_heads) for _ in range(3)]
     steps = {}
     for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
@@ -79,9 +78,8 @@ def attention_seconds(cfg: ViTConfig, batch: int, rounds: int) -> dict[str, floa
         return medians(steps, rounds)
 
 
-def int8_matmul_rates(cfg: ViTConfig, batch: int, rounds: int) -> list[float]:
-    """FLOP/s of torch._int_mm at each of a block's Linear shapes (qkv, proj, fc1, fc2) for a batch of images."""
-    rows = batch * (cfg.grid()[0] * cfg.grid()[1] + (1 if cfg.classifier == "token" else 0))
+def int8_matmul_rates(cfg: ViTConfig, rows: int, rounds: int) -> list[float]:
+    """FLOP/s of torch._int_mm at each of a block's Linear shapes (qkv, proj, fc1, fc2) for rows tokens."""
     d, m = cfg.width, cfg.mlp_dim
     shapes = ((d, 3 * d), (d, d), (d, m), (m, d))
     steps = {
@@ -108,6 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     full_block = vit_flops(cfg)["attention"] / cfg.depth  # one block's attention FLOPs, every token a query
     blocks = flops["attention"] / full_block  # the class-token-only last block counts for its share of them
     matmuls = flops["total"] - flops["attention"]
+    tokens = cfg.grid()[0] * cfg.grid()[1] + (1 if cfg.classifier == "token" else 0)  # through each full block
     tune_cpu_allocator()  # as bench_vit.py and the vitkit command line do: no fresh pages for each product
     before = load_average()
     peak = measure_matmul_peak(torch.int8, torch.device("cpu")) * 1e9
@@ -118,11 +117,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         row = []
-        for name, block_s in attention_seconds(cfg, batch, args.rounds).items():
+        for name, block_s in attention_seconds(cfg, batch, tokens, args.rounds).items():
             share = ceiling(batch * flops["total"], batch * matmuls, blocks * block_s, peak)
             rate = batch * full_block / block_s / 1e9
             row.append(f"{name} SDPA {block_s * 1e3:6.2f} ms a block ({rate:3.0f} GFLOP/s): ceiling {share:4.0%}")
-        rates = int8_matmul_rates(cfg, batch, args.rounds)
+        rates = int8_matmul_rates(cfg, batch * tokens, args.rounds)
         print(f"  batch {batch:3d}: " + ";  ".join(row))
         print(
             f"{'':13s}int8 matmuls at the Linear layers' shapes: {min(rates) / peak:.0%}-{max(rates) / peak:.0%} "
