@@ -5,16 +5,17 @@
 
 The int8 share of peak that benchmarks/bench_vit.py prints is the FLOPs the model executes over its time, against
 the int8 peak (torch._int_mm on one large square product, timed here too). Its Linear layers are int8 matmuls, which
-run near that peak at ViT shapes (printed below); attention (q k^T and the probabilities times v) is not int8: it
-runs in fp32, or bf16, through torch's fused kernel (SDPA). So even if every int8 matmul ran at the peak and
-nothing else ran at all (no quantisation or rescaling, LayerNorm, GELU or residual adds), a forward pass would take
-the matmuls' FLOPs at the peak plus attention's time, and its share of the peak could not exceed
+run near that peak at ViT shapes (printed below); attention (q k^T and the probabilities times v) is not int8. So
+even if nothing ran but the matmuls and attention (no quantisation or rescaling, LayerNorm, GELU or residual adds),
+a forward pass would take the matmuls' time plus attention's, and its share of the peak could not exceed
 
-    ceiling = executed FLOPs / (matmul FLOPs / peak + attention seconds) / peak
+    ceiling = executed FLOPs / (matmul seconds + attention seconds) / peak
 
-Prints, for each batch size, SDPA's time for one block's attention in fp32 and in bf16 (its rate), attention's share
-of the FLOPs, the ceiling with each, and the rate of the int8 matmul itself at the block's Linear shapes (against the
-peak: how near "at the peak" they run). Speed needs a quiet machine: the load average is checked.
+with the matmuls at the peak, and, nearer the truth, at the rates torch._int_mm reaches at the block's Linear
+shapes. Attention is timed for one block four ways: torch's fused kernel (SDPA) in fp32 and in bf16, vitkit's
+written-out attention in bf16 (two batched bf16 matmuls and a softmax, its fastest on a bf16 CPU), and, as a bound on
+attention in int8, its two products alone as torch._int_mm calls, one per image and head (the int8 kernel is 2-D;
+no softmax or quantisation counted). Speed needs a quiet machine: the load average is checked.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from vitkit.bench import load_average, load_warnings, measure_matmul_peak, time_
 from vitkit.device import usable_cores
 from vitkit.fast import tune_cpu_allocator
 from vitkit.models import ViTConfig
+from vitkit.models.attention import Attention
 from vitkit.models.registry import model_config
 
 
@@ -67,19 +69,36 @@ def _repeat(fn: Callable[[], Any], calls: int) -> None:
 
 
 def attention_seconds(cfg: ViTConfig, batch: int, tokens: int, rounds: int) -> dict[str, float]:
-    """One full block's attention through SDPA in fp32 and in bf16: (batch, heads, tokens, head_dim) queries, keys
-    and values."""
-    qkv = [torch.randn(batch, cfg.num_heads, tokens, cfg.width // cfg.num_heads) for _ in range(3)]
-    steps = {}
-    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
-        q, k, v = (t.to(dtype) for t in qkv)
-        steps[name] = functools.partial(F.scaled_dot_product_attention, q, k, v)
+    """Seconds of one full block's attention, (batch, heads, tokens, head_dim) queries, keys and values: SDPA in fp32
+    and bf16, vitkit's written-out attention in bf16, and the int8 products alone (q k^T and p v through
+    torch._int_mm for each image and head)."""
+    heads, head_dim = cfg.num_heads, cfg.width // cfg.num_heads
+    qkv = [torch.randn(batch, heads, tokens, head_dim) for _ in range(3)]
+    bf16 = [t.bfloat16() for t in qkv]
+    written = Attention(cfg.width, heads)._attend  # the explicit path's own code
+    int8 = [torch.randint(-128, 128, s, dtype=torch.int8) for s in ((tokens, head_dim), (head_dim, tokens))]
+    probs = torch.randint(0, 128, (tokens, tokens), dtype=torch.int8)
+    steps = {
+        "fp32 SDPA": functools.partial(F.scaled_dot_product_attention, *qkv),
+        "bf16 SDPA": functools.partial(F.scaled_dot_product_attention, *bf16),
+        "bf16 written out": functools.partial(written, *bf16, None),
+        "int8 products": functools.partial(_int8_products, *int8, probs, batch * heads),
+    }
     with torch.no_grad():
         return medians(steps, rounds)
 
 
-def int8_matmul_rates(cfg: ViTConfig, rows: int, rounds: int) -> list[float]:
-    """FLOP/s of torch._int_mm at each of a block's Linear shapes (qkv, proj, fc1, fc2) for rows tokens."""
+def _int8_products(q: torch.Tensor, k_t: torch.Tensor, probs: torch.Tensor, heads: int) -> None:
+    """The two int8 products of attention for ``heads`` (image, head) pairs of one block: (N, hd) x (hd, N), then
+    (N, N) x (N, hd)."""
+    for _ in range(heads):
+        torch._int_mm(q, k_t)
+        torch._int_mm(probs, q)
+
+
+def int8_matmul_rates(cfg: ViTConfig, rows: int, rounds: int) -> tuple[list[float], float]:
+    """FLOP/s of torch._int_mm at each of a block's Linear shapes (qkv, proj, fc1, fc2) for rows tokens, and their
+    rate together (the block's Linear FLOPs over the time they take at those rates)."""
     d, m = cfg.width, cfg.mlp_dim
     shapes = ((d, 3 * d), (d, d), (d, m), (m, d))
     steps = {
@@ -90,7 +109,9 @@ def int8_matmul_rates(cfg: ViTConfig, rows: int, rounds: int) -> list[float]:
         )
         for k, n in shapes
     }
-    return [2 * rows * k * n / s for (k, n), s in zip(shapes, medians(steps, rounds).values(), strict=True)]
+    flops = [2 * rows * k * n for k, n in shapes]
+    rates = [f / s for f, s in zip(flops, medians(steps, rounds).values(), strict=True)]
+    return rates, sum(flops) / sum(f / r for f, r in zip(flops, rates, strict=True))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -116,17 +137,20 @@ def main(argv: list[str] | None = None) -> None:
         f"(torch._int_mm), {torch.get_num_threads()} threads"
     )
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        row = []
-        for name, block_s in attention_seconds(cfg, batch, tokens, args.rounds).items():
-            share = ceiling(batch * flops["total"], batch * matmuls, blocks * block_s, peak)
-            rate = batch * full_block / block_s / 1e9
-            row.append(f"{name} SDPA {block_s * 1e3:6.2f} ms a block ({rate:3.0f} GFLOP/s): ceiling {share:4.0%}")
-        rates = int8_matmul_rates(cfg, batch * tokens, args.rounds)
-        print(f"  batch {batch:3d}: " + ";  ".join(row))
+        rates, linear_rate = int8_matmul_rates(cfg, batch * tokens, args.rounds)
         print(
-            f"{'':13s}int8 matmuls at the Linear layers' shapes: {min(rates) / peak:.0%}-{max(rates) / peak:.0%} "
-            "of the peak"
+            f"  batch {batch:3d}: int8 matmuls at the Linear layers' shapes {min(rates) / peak:.0%}-"
+            f"{max(rates) / peak:.0%} of the peak ({linear_rate / peak:.0%} together); a block's attention, and the "
+            "ceiling with it (matmuls at the peak / at those rates):"
         )
+        for name, block_s in attention_seconds(cfg, batch, tokens, args.rounds).items():
+            at_peak = ceiling(batch * flops["total"], batch * matmuls, blocks * block_s, peak)
+            at_rates = ceiling(batch * flops["total"], batch * matmuls * peak / linear_rate, blocks * block_s, peak)
+            rate = batch * full_block / block_s / 1e9
+            print(
+                f"{'':15s}{name:17s} {block_s * 1e3:7.2f} ms ({rate:3.0f} GOP/s): ceiling {at_peak:4.0%} / "
+                f"{at_rates:4.0%}"
+            )
     for line in load_warnings(before, load_average(), torch.get_num_threads(), usable_cores()):
         print(line)
 

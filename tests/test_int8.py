@@ -14,6 +14,7 @@ from vitkit import VisionTransformer, optimize_for_inference
 from vitkit import fast as fast_mod
 from vitkit.checkpoint.native import save_pretrained
 from vitkit.cli import main
+from vitkit.models.attention import Attention
 
 TINY = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10, patch_size=8, img_size=32)
 
@@ -126,9 +127,92 @@ def test_compiled_int8_computes_what_the_eager_layers_compute(monkeypatch):
     eager = optimize_for_inference(model, precision="int8", compile="none")
     compiled = optimize_for_inference(model, precision="int8", compile="default")
     assert compiled.compile_mode == "default"
+    # attention in fp32 here: bf16 attention rounds its logits and probabilities where each graph does, and a last
+    # bit there moves an int8 rounding downstream (each is as close to fp32 as the other, tested below)
+    for attn in [m for m in [*eager.model.modules(), *compiled.model.modules()] if isinstance(m, Attention)]:
+        attn.attend_dtype = None
     for n in (5, 2):  # a second batch size: recompiled for its shape, same results
         x = torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(n))
         torch.testing.assert_close(compiled(x), eager(x), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.skipif(not fast_mod.can_compile(torch.device("cpu")), reason="inductor needs a C++ compiler")
+def test_compiled_int8_with_bf16_attention_is_as_close_to_fp32_as_eager(monkeypatch):
+    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: True)
+    monkeypatch.setattr(fast_mod, "bf16_is_fast", lambda device: True)
+    model = tiny_vit()
+    x = torch.randn(32, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        want = model(x)
+    errors = {}
+    for mode in ("none", "default"):
+        fast = optimize_for_inference(model, precision="int8", compile=mode)
+        assert fast.model.blocks[0].attn.attend_dtype == torch.bfloat16
+        got = fast(x)
+        errors[mode] = float((got - want).abs().mean())
+        assert float((got - want).abs().max()) <= 0.1 * float(want.abs().max()) and agreement(got, want) >= 0.95
+    assert errors["default"] <= 1.5 * errors["none"]
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_int8_attends_in_bf16_where_bf16_is_native_and_in_fp32_elsewhere(monkeypatch, native):
+    monkeypatch.setattr(fast_mod, "bf16_is_fast", lambda device: native)
+    model = tiny_vit()
+    for kernel in ("int_mm", "fbgemm"):
+        attends = {m.attend_dtype for m in fast_mod.quantize_int8(model, kernel).modules() if isinstance(m, Attention)}
+        assert attends == ({torch.bfloat16} if native and kernel == "int_mm" else {None})
+    assert all(m.attend_dtype is None for m in model.modules() if isinstance(m, Attention))  # the model untouched
+
+
+def attention_reference(attn: Attention, x: torch.Tensor, round_to: torch.dtype | None) -> torch.Tensor:
+    """Multi-head attention written out in float64 from the layer's weights, q, k and v first rounded to round_to."""
+    w, b = attn.qkv.weight.double(), attn.qkv.bias.double()
+    B, N, C = x.shape
+    q, k, v = (x.double() @ w.T + b).reshape(B, N, 3, attn.num_heads, attn.head_dim).permute(2, 0, 3, 1, 4)
+    if round_to is not None:
+        q, k, v = (t.to(round_to).double() for t in (q, k, v))
+    probs = (q @ k.transpose(-2, -1) / attn.head_dim**0.5).softmax(-1)
+    out = (probs @ v).transpose(1, 2).reshape(B, N, C)
+    return out @ attn.proj.weight.double().T + attn.proj.bias.double()
+
+
+def test_attend_dtype_computes_the_attention_of_bf16_rounded_q_k_v_whatever_path_is_asked():
+    torch.manual_seed(0)
+    attn = Attention(32, 4).eval()
+    x = torch.randn(3, 9, 32) * 2
+    with torch.no_grad():
+        fp32 = attn(x)
+        attn.attend_dtype = torch.bfloat16
+        got = attn(x)  # SDPA asked for: the written-out bf16 path runs
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(attn(x, explicit=True), got, rtol=0, atol=0)
+        out, probs = attn.forward_explicit(x)
+        assert probs.dtype == torch.float32
+        torch.testing.assert_close(out, got, rtol=0, atol=0)
+    with torch.no_grad():
+        want, exact = attention_reference(attn, x, torch.bfloat16), attention_reference(attn, x, None)
+    err = float((got.double() - want).abs().max())
+    assert err < 0.02 * float(want.abs().max())  # logits and probabilities rounded to bf16 on the way
+    assert float((fp32.double() - exact).abs().max()) < 1e-5  # fp32 as it was
+    assert not torch.allclose(got, fp32, atol=1e-4)  # and the bf16 path did run
+
+
+@pytest.mark.parametrize("overrides", [{"pos_embed": "relative_2d"}, {"token_merge": 2}])
+def test_bf16_attention_runs_with_relative_positions_and_token_merging(overrides):
+    torch.manual_seed(0)
+    model = VisionTransformer(**{**TINY, "depth": 3, **overrides}).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+    x = torch.randn(4, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        want = model(x)
+        for m in model.modules():
+            if isinstance(m, Attention):
+                m.attend_dtype = torch.bfloat16
+        got = model(x)
+    assert got.dtype == torch.float32
+    assert 0 < float((got - want).abs().max()) < 0.03 * float(want.abs().max())
 
 
 @pytest.mark.parametrize("native", [True, False])

@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "int8_ceiling.py"
 
@@ -24,13 +25,26 @@ def test_the_ceiling_is_the_flops_over_the_time_at_the_peak(script) -> None:
     assert script.ceiling(100.0, 96.0, 2.4, 10.0) == pytest.approx(100 / 12 / 10)
 
 
-def test_a_run_prints_both_precisions_of_attention_for_each_batch(script, capsys) -> None:
+def test_a_run_prints_every_attention_and_both_ceilings_for_each_batch(script, capsys) -> None:
     script.main(["--model", "vit_ti16", "--batch-sizes", "1,2", "--rounds", "1"])
-    out = capsys.readouterr().out
-    assert out.startswith("vit_ti16: ") and "attention " in out
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("vit_ti16: ") and "attention " in lines[0]
     for batch in (1, 2):
-        (line,) = [line for line in out.splitlines() if line.startswith(f"  batch {batch:3d}: ")]
-        assert "fp32 SDPA" in line and "bf16 SDPA" in line and line.count("ceiling") == 2
+        (start,) = [i for i, line in enumerate(lines) if line.startswith(f"  batch {batch:3d}: int8 matmuls")]
+        rows = lines[start + 1 : start + 5]
+        names = ("fp32 SDPA", "bf16 SDPA", "bf16 written out", "int8 products")
+        assert [row.strip().split("  ")[0] for row in rows] == list(names)
+        for row in rows:  # at the peak, then at the matmuls' measured rates: never above the first
+            at_peak, at_rates = (float(c.strip(" %")) for c in row.split("ceiling")[1].split("/"))
+            assert 0 < at_rates <= at_peak <= 100
+
+
+def test_the_int8_products_are_the_two_attention_matmuls_for_every_image_and_head(script, monkeypatch) -> None:
+    calls = []
+    monkeypatch.setattr(script.torch, "_int_mm", lambda a, b: calls.append((tuple(a.shape), tuple(b.shape))))
+    q, k_t, probs = torch.zeros(5, 4, dtype=torch.int8), torch.zeros(4, 5, dtype=torch.int8), torch.zeros(5, 5)
+    script._int8_products(q, k_t, probs, 3)
+    assert calls == [((5, 4), (4, 5)), ((5, 5), (5, 4))] * 3
 
 
 def test_not_a_vit_is_refused(script) -> None:

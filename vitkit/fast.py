@@ -12,9 +12,11 @@ What the switch adds, and why each step pays (measured with ``vitkit bench``):
 - int8 on request (``precision="int8"``, CPU): every nn.Linear in int8, weights per output channel, activations
   per token, quantised at each call, products summed in int32 (Int8Linear; on CPUs without VNNI, fbgemm's
   dynamic kernels instead). ViT-B/16 spends ~95% of its FLOPs in those matmuls, which run ~4x faster than fp32;
-  the patch embedding, norms, attention and GELU stay fp32. Int8Linear is plain tensor ops around one int8
-  matmul, so torch.compile fuses each layer's quantisation and rescale into its neighbours. It changes the
-  numerics more than bf16 does, so "auto" never picks it: the benchmark prints its top-1 agreement with fp32.
+  the patch embedding, norms and GELU stay fp32, and attention, which has no int8 kernel, is written out in bf16
+  where bf16 matmuls are native (Attention.attend_dtype: 1.5x fp32 SDPA's speed, 1.00-1.04x over a whole
+  ViT-B/16). Int8Linear is plain tensor ops around one int8 matmul, so torch.compile fuses each layer's
+  quantisation and rescale into its neighbours. It changes the numerics more than bf16 does, so "auto" never picks
+  it: the benchmark prints its top-1 agreement with fp32.
 - the attention path the precision runs fastest ("auto", whatever the model's configured default): the fused
   kernel (SDPA), except in bf16 on a CPU, where attention written out (two bf16 batched matmuls and a softmax) ran
   ViT-B/16 1.05-1.08x faster than SDPA's CPU kernel (vitkit.models.attention.attends_explicitly).
@@ -48,6 +50,7 @@ from torch import nn
 from .device import bf16_is_fast, cpu_has_vnni
 from .errors import UserError
 from .models import VisionTransformer
+from .models.attention import Attention
 from .models.common import Mlp
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
@@ -216,7 +219,9 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     per-token activation scales, which torch.compile fuses. "fbgemm" (the default elsewhere): torch's dynamic
     quantisation, weights int8 per output channel, activations quantised per call from the whole input's min/max
     to 7 bits (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run eagerly (torch.compile cannot trace it).
-    Other layers keep their fp32 weights (copies, not the originals).
+    Other layers keep their fp32 weights (copies, not the originals). With "int_mm", where bf16 matmuls are native,
+    the copy's attention layers compute in bf16, written out (Attention.attend_dtype): torch has no int8 kernel for
+    attention, and fp32 SDPA took about a fifth of a compiled ViT-B/16's time.
     """
     kernel = int8_kernel(kernel)
     if any(p.dtype != torch.float32 for p in model.parameters()):
@@ -225,7 +230,10 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
         raise UserError("int8: the int8 kernels run on the CPU only; move the model with .cpu() first")
     frozen = copy.deepcopy(model).eval().requires_grad_(False)
     if kernel == "int_mm":
+        attend_in_bf16 = bf16_is_fast(torch.device("cpu"))
         for parent in list(frozen.modules()):
+            if attend_in_bf16 and isinstance(parent, Attention):
+                parent.attend_dtype = torch.bfloat16
             for name, child in parent.named_children():
                 if type(child) is nn.Linear:
                     setattr(parent, name, Int8Linear(child))

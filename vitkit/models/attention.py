@@ -56,7 +56,14 @@ class Attention(nn.Module):
 
     With ``rel_table`` (the offset axes of a token grid, see posemb.relative_table_shape) it is relative position
     attention, ``rel_pos_embed`` its (*offsets, D) table of learned offset embeddings.
+
+    ``attend_dtype``, when set on an instance, is the dtype its attention computes in, written out whatever path the
+    caller asks for: q, k and v are cast to it and the output back. vitkit.fast's int8 models set bf16 where bf16
+    matmuls are native: there the written-out bf16 attention is the fastest on the CPU, and int8 has no kernel
+    for it.
     """
+
+    attend_dtype: torch.dtype | None = None
 
     def __init__(
         self,
@@ -117,7 +124,7 @@ class Attention(nn.Module):
             return None
         # another grid than the model's: a resampled table
         table = resample_relative(self.rel_pos_embed, rel.table_shape, rel.table_grid, rel.grid)
-        table = table.reshape(-1, nh, hd).transpose(0, 1)  # (nh, E, hd), E offsets
+        table = table.reshape(-1, nh, hd).transpose(0, 1).to(q.dtype)  # (nh, E, hd), E offsets
         logits = qp @ table.transpose(1, 2)  # (B, nh, n_p, E): each query against every offset's embedding
         bias = logits.gather(-1, rel.index[:n_p].expand(B, nh, -1, -1))  # (B, nh, n_p, N): q_i . r_{j-i}
         return F.pad(bias, (rel.prefix, 0, n - n_p, 0))  # (B, nh, n, T)
@@ -151,7 +158,7 @@ class Attention(nn.Module):
         q, k, v = self._qkv(x) if out_tokens is None else self._q_kv(x, out_tokens)
         if keys is not None:
             keys.append(k.mean(1))
-        if explicit:
+        if explicit or self.attend_dtype is not None:
             return self._out(self._attend(q, k, v, rel, size_bias(sizes))[0])
         bias = self._logit_bias(q * self.scale, rel, size_bias(sizes)) if rel is not None else size_bias(sizes)
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=self.attn_drop if self.training else 0.0)
@@ -165,18 +172,23 @@ class Attention(nn.Module):
         rel: RelativePositions | None,
         bias: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """softmax(q k^T / sqrt(d) [+ relative logits] [+ bias]) v written out: the output (B, nh, n, hd) and the
-        probabilities (B, nh, n, N). ``bias``: added to the logits, broadcast (proportional attention's)."""
+        """softmax(q k^T / sqrt(d) [+ relative logits] [+ bias]) v written out: the output (B, nh, n, hd) in q's dtype
+        and the probabilities (B, nh, n, N), computed in attend_dtype where it is set. ``bias``: added to the logits,
+        broadcast (proportional attention's)."""
+        dtype = q.dtype
+        if self.attend_dtype is not None:
+            q, k, v = (t.to(self.attend_dtype) for t in (q, k, v))
+            bias = None if bias is None else bias.to(self.attend_dtype)
         q = q * self.scale
         logits = q @ k.transpose(-2, -1)  # (B, nh, n, N)
         bias = self._logit_bias(q, rel, bias)
         probs = (logits if bias is None else logits + bias).softmax(dim=-1)
         attn = F.dropout(probs, self.attn_drop, self.training) if self.attn_drop else probs
-        return attn @ v, probs
+        return (attn @ v).to(dtype), probs
 
     def forward_explicit(
         self, x: torch.Tensor, rel: RelativePositions | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The explicit path for every token, also returning the attention probabilities (B, nh, N, N)."""
         out, probs = self._attend(*self._qkv(x), rel)
-        return self._out(out), probs
+        return self._out(out), probs.to(out.dtype)
