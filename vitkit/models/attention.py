@@ -189,6 +189,7 @@ class Attention(nn.Module):
     def forward_explicit(
         self, x: torch.Tensor, rel: RelativePositions | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The explicit path for every token, also returning the attention probabilities (B, nh, N, N)."""
+        """The explicit path for every token, also returning the attention probabilities (B, nh, N, N); with
+        attend_dtype set, in the output's dtype."""
         out, probs = self._attend(*self._qkv(x), rel)
-        return self._out(out), probs.to(out.dtype)
+        return self._out(out), probs if self.attend_dtype is None else probs.to(out.dtype)
