@@ -13,7 +13,7 @@ What the switch adds, and why each step pays (measured with ``vitkit bench``):
   per token, quantised at each call, products summed in int32 (Int8Linear; on CPUs without VNNI, fbgemm's
   dynamic kernels instead). ViT-B/16 spends ~95% of its FLOPs in those matmuls, which run ~4x faster than fp32;
   the patch embedding, norms and GELU stay fp32, and attention, which has no int8 kernel, is written out in bf16
-  where bf16 matmuls are native (Attention.attend_dtype: 1.5x fp32 SDPA's speed, 1.00-1.04x over a whole
+  where bf16 matmuls are native (Attention.attend_dtype: 1.5-1.8x fp32 SDPA's speed, 1.00-1.04x over a whole
   ViT-B/16). Int8Linear is plain tensor ops around one int8 matmul, so torch.compile fuses each layer's
   quantisation and rescale into its neighbours. It changes the numerics more than bf16 does, so "auto" never picks
   it: the benchmark prints its top-1 agreement with fp32.
