@@ -11,11 +11,12 @@ a forward pass would take the matmuls' time plus attention's, and its share of t
 
     ceiling = executed FLOPs / (matmul seconds + attention seconds) / peak
 
-with the matmuls at the peak, and, nearer the truth, at the rates torch._int_mm reaches at the block's Linear
-shapes. Attention is timed for one block four ways: torch's fused kernel (SDPA) in fp32 and in bf16, vitkit's
-written-out attention in bf16 (two batched bf16 matmuls and a softmax, its fastest on a bf16 CPU), and, as a bound on
-attention in int8, its two products alone as torch._int_mm calls, one per image and head (the int8 kernel is 2-D;
-no softmax or quantisation counted). Speed needs a quiet machine: the load average is checked.
+with the matmuls at the peak, and, nearer the truth, at the rates vitkit's int8 matmul (oneDNN's, on weights packed
+once) reaches at the block's Linear shapes. Attention is timed for one block four ways: torch's fused kernel (SDPA)
+in fp32 and in bf16, vitkit's written-out attention in bf16 (two batched bf16 matmuls and a softmax, its fastest on
+a bf16 CPU), and, as a bound on attention in int8, its two products alone as torch._int_mm calls, one per image and
+head (the int8 kernel is 2-D; no softmax or quantisation counted). Speed needs a quiet machine: the load average is
+checked.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 
 from vitkit.bench import load_average, load_warnings, measure_matmul_peak, time_alternating, vit_flops
 from vitkit.device import usable_cores
-from vitkit.fast import tune_cpu_allocator
+from vitkit.fast import Int8Linear, int8_kernel, tune_cpu_allocator
 from vitkit.models import ViTConfig
 from vitkit.models.attention import Attention
 from vitkit.models.registry import model_config
@@ -97,18 +98,20 @@ def _int8_products(q: torch.Tensor, k_t: torch.Tensor, probs: torch.Tensor, head
 
 
 def int8_matmul_rates(cfg: ViTConfig, rows: int, rounds: int) -> tuple[list[float], float]:
-    """FLOP/s of torch._int_mm at each of a block's Linear shapes (qkv, proj, fc1, fc2) for rows tokens, and their
-    rate together (the block's Linear FLOPs over the time they take at those rates)."""
+    """FLOP/s of the int8 matmul vitkit's Int8Linear runs (oneDNN's, on the weight packed once) at each of a
+    block's Linear shapes (qkv, proj, fc1, fc2) for rows tokens, and their rate together (the block's Linear
+    FLOPs over the time they take at those rates)."""
     d, m = cfg.width, cfg.mlp_dim
     shapes = ((d, 3 * d), (d, d), (d, m), (m, d))
-    steps = {
-        f"{k}x{n}": functools.partial(
-            torch._int_mm,
-            torch.randint(-128, 128, (rows, k), dtype=torch.int8),
-            torch.randint(-128, 128, (k, n), dtype=torch.int8),
+    steps = {}
+    for k, n in shapes:
+        layer = Int8Linear(torch.nn.Linear(k, n))
+        unsigned = torch.randint(0, 256, (rows, k), dtype=torch.uint8)
+        steps[f"{k}x{n}"] = functools.partial(
+            torch.ops.onednn.qlinear_pointwise.default,
+            *(unsigned, 1.0, 128, layer.packed_weight, layer.weight_scale, layer.weight_zero_point),
+            *(None, 1.0, 0, torch.float32, "none", [None], ""),
         )
-        for k, n in shapes
-    }
     flops = [2 * rows * k * n for k, n in shapes]
     rates = [f / s for f, s in zip(flops, medians(steps, rounds).values(), strict=True)]
     return rates, sum(flops) / sum(f / r for f, r in zip(flops, rates, strict=True))
@@ -123,6 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     cfg = model_config(args.model)
     if not isinstance(cfg, ViTConfig):
         p.error(f"--model {args.model}: not a ViT")
+    if int8_kernel() != "int_mm":
+        p.error("this CPU has no VNNI: vitkit's int8 models run fbgemm's kernels here, not the ones this times")
     flops = vit_flops(cfg, logits_path=True)  # what forward() executes, per image
     full_block = vit_flops(cfg)["attention"] / cfg.depth  # one block's attention FLOPs, every token a query
     blocks = flops["attention"] / full_block  # the class-token-only last block counts for its share of them

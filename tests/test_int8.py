@@ -14,9 +14,14 @@ from vitkit import VisionTransformer, optimize_for_inference
 from vitkit import fast as fast_mod
 from vitkit.checkpoint.native import save_pretrained
 from vitkit.cli import main
+from vitkit.errors import UserError
 from vitkit.models.attention import Attention
 
 TINY = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10, patch_size=8, img_size=32)
+# Int8Linear computes exactly only where the CPU multiplies bytes with VNNI (it refuses elsewhere); its numerics are
+# tested on such CPUs, read here before any test pretends otherwise
+VNNI = fast_mod.cpu_has_vnni()
+needs_vnni = pytest.mark.skipif(not VNNI, reason="Int8Linear's oneDNN products need VNNI (they saturate without it)")
 
 
 def tiny_vit() -> VisionTransformer:
@@ -42,13 +47,14 @@ def int8_reference(linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     return (xq @ wq.T) * xs * ws + b
 
 
+@needs_vnni
 def test_int8_linear_is_per_token_int8_with_an_exact_integer_product():
     torch.manual_seed(0)
     linear = torch.nn.Linear(48, 24)
     x = torch.randn(2, 7, 48) * torch.logspace(-2, 1, 7)[:, None]  # tokens of very different ranges
     x[1, 3] = 0  # an all-zero token: scale clamped, output is the bias
     q = fast_mod.Int8Linear(linear)
-    assert q.weight_t.dtype == torch.int8 and q.weight_t.shape == (48, 24) and q.weight_t.is_contiguous()
+    assert q.packed_weight.is_mkldnn and set(q.state_dict()) == {"weight_scale", "bias"}  # packed once, not saved
     with torch.no_grad():
         got = q(x)
     assert got.shape == (2, 7, 24) and got.dtype == torch.float32
@@ -62,7 +68,7 @@ def test_int8_linear_is_per_token_int8_with_an_exact_integer_product():
     assert small < 0.05
 
 
-@pytest.mark.parametrize("kernel", ["int_mm", "fbgemm"])
+@pytest.mark.parametrize("kernel", [pytest.param("int_mm", marks=needs_vnni), "fbgemm"])
 def test_int8_agrees_with_fp32_and_leaves_the_model_untouched(monkeypatch, kernel):
     monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: kernel == "int_mm")
     model = tiny_vit().train()
@@ -94,6 +100,7 @@ def test_int8_agrees_with_fp32_and_leaves_the_model_untouched(monkeypatch, kerne
     assert agreement(got, want) >= 0.95
 
 
+@needs_vnni
 def test_per_token_int8_is_closer_to_fp32_than_fbgemms_per_tensor_seven_bits():
     model = tiny_vit()
     x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
@@ -101,6 +108,31 @@ def test_per_token_int8_is_closer_to_fp32_than_fbgemms_per_tensor_seven_bits():
         want = model(x)
         err = {k: float((fast_mod.quantize_int8(model, k)(x) - want).abs().mean()) for k in ("int_mm", "fbgemm")}
     assert err["int_mm"] < 0.75 * err["fbgemm"]
+
+
+def test_the_vnni_layer_is_refused_where_its_byte_products_would_saturate(monkeypatch):
+    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: False)
+    with pytest.raises(UserError, match="no VNNI"):
+        fast_mod.quantize_int8(tiny_vit(), "int_mm")
+    with pytest.raises(UserError, match="no VNNI"):
+        fast_mod.Int8Linear(torch.nn.Linear(4, 3))
+    assert fast_mod.int8_kernel() == "fbgemm"
+
+
+@needs_vnni
+def test_the_byte_products_are_exact_at_their_extremes():
+    """Unsigned x signed byte products at their largest (q(x) = 127, shifted to 255; weights +-127), summed in
+    int32: with vpmaddubsw instead of VNNI each pair would saturate at 32767."""
+    layer = fast_mod.Int8Linear(torch.nn.Linear(512, 3))
+    with torch.no_grad():
+        layer.weight_scale.fill_(1.0)
+        w = torch.full((3, 512), 127, dtype=torch.int8)
+        w[1] = -127
+        layer.packed_weight = torch.ops.onednn.qlinear_prepack(w, None)
+        layer.bias.zero_()
+        y = layer(torch.full((2, 512), 5.0))  # every token at its own maximum: q(x) = 127
+    want = torch.tensor([127.0 * 127 * 512, -127.0 * 127 * 512, 127.0 * 127 * 512]) * (5.0 / 127)
+    torch.testing.assert_close(y, want.expand(2, 3), rtol=1e-6, atol=0)
 
 
 def test_int8_compiles_where_the_cpu_has_vnni_and_runs_eagerly_elsewhere(monkeypatch):
@@ -116,6 +148,7 @@ def test_int8_compiles_where_the_cpu_has_vnni_and_runs_eagerly_elsewhere(monkeyp
     assert optimize_for_inference(tiny_vit(), precision="int8").compile_mode == want
 
 
+@needs_vnni
 @pytest.mark.skipif(not fast_mod.can_compile(torch.device("cpu")), reason="inductor needs a C++ compiler")
 def test_compiled_int8_computes_what_the_eager_layers_compute(monkeypatch):
     monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: True)
@@ -136,6 +169,7 @@ def test_compiled_int8_computes_what_the_eager_layers_compute(monkeypatch):
         torch.testing.assert_close(compiled(x), eager(x), atol=1e-4, rtol=1e-4)
 
 
+@needs_vnni
 @pytest.mark.skipif(not fast_mod.can_compile(torch.device("cpu")), reason="inductor needs a C++ compiler")
 def test_compiled_int8_with_bf16_attention_is_as_close_to_fp32_as_eager(monkeypatch):
     monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: True)
@@ -157,6 +191,7 @@ def test_compiled_int8_with_bf16_attention_is_as_close_to_fp32_as_eager(monkeypa
 @pytest.mark.parametrize("native", [True, False])
 def test_int8_attends_in_bf16_where_bf16_is_native_and_in_fp32_elsewhere(monkeypatch, native):
     monkeypatch.setattr(fast_mod, "bf16_is_fast", lambda device: native)
+    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: True)  # the layers are built, never run
     model = tiny_vit()
     for kernel in ("int_mm", "fbgemm"):
         attends = {m.attend_dtype for m in fast_mod.quantize_int8(model, kernel).modules() if isinstance(m, Attention)}

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from vitkit.device import cpu_has_vnni
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "int8_ceiling.py"
 
 
@@ -25,6 +27,7 @@ def test_the_ceiling_is_the_flops_over_the_time_at_the_peak(script) -> None:
     assert script.ceiling(100.0, 96.0, 2.4, 10.0) == pytest.approx(100 / 12 / 10)
 
 
+@pytest.mark.skipif(not cpu_has_vnni(), reason="times vitkit's VNNI int8 layer")
 def test_a_run_prints_every_attention_and_both_ceilings_for_each_batch(script, capsys) -> None:
     script.main(["--model", "vit_ti16", "--batch-sizes", "1,2", "--rounds", "1"])
     lines = capsys.readouterr().out.splitlines()
@@ -45,6 +48,13 @@ def test_the_int8_products_are_the_two_attention_matmuls_for_every_image_and_hea
     q, k_t, probs = torch.zeros(5, 4, dtype=torch.int8), torch.zeros(4, 5, dtype=torch.int8), torch.zeros(5, 5)
     script._int8_products(q, k_t, probs, 3)
     assert calls == [((5, 4), (4, 5)), ((5, 5), (5, 4))] * 3
+
+
+def test_a_cpu_without_vnni_is_refused(script, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(script, "int8_kernel", lambda: "fbgemm")
+    with pytest.raises(SystemExit):
+        script.main(["--model", "vit_ti16"])
+    assert "no VNNI" in capsys.readouterr().err
 
 
 def test_not_a_vit_is_refused(script) -> None:

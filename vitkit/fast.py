@@ -36,7 +36,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import ctypes
-import functools
 import os
 import shutil
 import sys
@@ -139,64 +138,73 @@ INT8_KERNELS = ("auto", "int_mm", "fbgemm")
 _EPS = float(torch.finfo(torch.float32).tiny)
 
 
-@functools.cache
-def _register_int8_mm() -> None:
-    """torch._int_mm (int8 x int8 summed in int32) as the custom op ``vitkit::int8_mm``.
-
-    Inductor lowers aten._int_mm on the CPU to a loop nest of its own, which ran ViT-B/16's first block at
-    0.27 img/s against 350 eagerly (batch 8, 2 AVX512-VNNI cores). Behind an opaque op the matmul stays the
-    library kernel, while inductor still fuses the activation quantisation before it and the rescale after it.
-    Registered by the first Int8Linear built, once per process; called as torch.ops.vitkit.int8_mm.
-    """
-
-    @torch.library.custom_op("vitkit::int8_mm", mutates_args=())
-    def int8_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch._int_mm(a, b)
-
-    @int8_mm.register_fake
-    def _(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return a.new_empty((a.shape[0], b.shape[1]), dtype=torch.int32)
-
-
 class Int8Linear(nn.Module):
     """An nn.Linear for inference in int8: ``y = (q(x) @ q(W)^T) * s_x * s_w + b``.
 
     Weights are symmetric int8 per output channel, ``s_w = max|W_o,:| / 127``. Activations are symmetric int8 per
     token (per row of the input flattened to 2-D), ``s_x = max|x_t| / 127``, computed at each call, so that a
     token's rounding error follows its own range and not the largest in the batch. The products sum exactly in
-    int32 (torch._int_mm: oneDNN's VNNI kernels on x86) and are rescaled to fp32, then the bias is added. Written
-    in plain tensor ops, so torch.compile fuses the quantisation into the op before it (LayerNorm, GELU) and the
-    rescale into the op after it: ViT-B/16 at batch 8 on 2 VNNI cores ran at 1.14-1.22x fbgemm's dynamic int8
-    compiled, and at 0.95-0.97x eagerly, where each of those ops is a pass over the activations.
+    int32 in oneDNN's int8 matmul on the weight packed once in its blocked layout (torch.ops.onednn's qlinear, the
+    kernel of torch's own x86 int8 lowering): the activations go in shifted by 128 to unsigned bytes, the form its
+    VNNI kernels multiply, and it takes the shift back exactly in int32 and applies s_w; s_x and the bias follow.
+    Written in plain tensor ops around that one call, so torch.compile fuses the quantisation into the op before it
+    (LayerNorm, GELU) and the rescale into the op after it: ViT-B/16 at batch 8 on 2 VNNI cores ran at 1.14-1.22x
+    fbgemm's dynamic int8 compiled, and at 0.95-0.97x eagerly, where each of those ops is a pass over the
+    activations. Against torch._int_mm on the unpacked weight, the packed weight ran a compiled ViT-B/16 1.29x
+    faster at batch 1 and 1.04-1.06x at batch 8 and 64 (docs/speed.md).
     """
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
-        _register_int8_mm()
+        _require_vnni()
         w = linear.weight.detach().float()
         scale = w.abs().amax(1).clamp_min(_EPS) / 127
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.weight_t: torch.Tensor  # (in, out) int8, the layout torch._int_mm multiplies by
-        self.register_buffer("weight_t", (w / scale[:, None]).round().to(torch.int8).t().contiguous())
+        # an opaque oneDNN tensor, kept out of state_dict and .to() (as PackedLinear's): int8 models are not saved
+        self.packed_weight = torch.ops.onednn.qlinear_prepack((w / scale[:, None]).round().to(torch.int8), None)
         self.weight_scale: torch.Tensor
         self.register_buffer("weight_scale", scale)
+        self.weight_zero_point: torch.Tensor
+        self.register_buffer("weight_zero_point", torch.zeros(self.out_features, dtype=torch.int32), persistent=False)
         self.bias: torch.Tensor | None
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().float().clone())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features).float()
         scale = rows.abs().amax(1, keepdim=True).clamp_min(_EPS) / 127  # (tokens, 1)
-        y = (
-            torch.ops.vitkit.int8_mm((rows / scale).round().to(torch.int8), self.weight_t).float()
-            * scale
-            * self.weight_scale
-        )
+        unsigned = ((rows / scale).round() + 128).to(torch.uint8)  # q(x) + 128: exact, q(x) is in [-127, 127]
+        y = torch.ops.onednn.qlinear_pointwise(
+            unsigned,
+            1.0,
+            128,
+            self.packed_weight,
+            self.weight_scale,
+            self.weight_zero_point,
+            None,
+            1.0,
+            0,
+            torch.float32,
+            "none",
+            [None],
+            "",
+        )  # (q(x) @ q(W)^T) * s_w, summed in int32
+        y = y * scale
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def _require_vnni() -> None:
+    """Int8Linear's products are exact only with 8-bit dot products (VNNI): without them oneDNN multiplies unsigned
+    by signed bytes with vpmaddubsw, whose int16 pair sums saturate (255 x 127 x 2 > 32767), so the layer refuses."""
+    if not (cpu_has_vnni() and torch.backends.mkldnn.is_available()):
+        raise UserError(
+            "int8 kernel 'int_mm' (Int8Linear): this CPU has no VNNI, where its unsigned x signed byte products would "
+            "saturate; use the 'fbgemm' kernel (what 'auto' picks here)"
+        )
 
 
 def int8_kernel(kernel: str = "auto") -> str:
@@ -208,7 +216,9 @@ def int8_kernel(kernel: str = "auto") -> str:
     if kernel not in INT8_KERNELS:
         raise UserError(f"int8 kernel {kernel!r}: expected one of {INT8_KERNELS}")
     if kernel == "auto":
-        return "int_mm" if cpu_has_vnni() else "fbgemm"
+        return "int_mm" if cpu_has_vnni() and torch.backends.mkldnn.is_available() else "fbgemm"
+    if kernel == "int_mm":
+        _require_vnni()
     return kernel
 
 
