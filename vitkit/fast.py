@@ -173,34 +173,32 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features).float()
         scale = rows.abs().amax(1, keepdim=True).clamp_min(_EPS) / 127  # (tokens, 1)
         unsigned = ((rows / scale).round() + 128).to(torch.uint8)  # q(x) + 128: exact, q(x) is in [-127, 127]
-        y = torch.ops.onednn.qlinear_pointwise(
-            unsigned,
-            1.0,
-            128,
-            self.packed_weight,
-            self.weight_scale,
-            self.weight_zero_point,
-            None,
-            1.0,
-            0,
-            torch.float32,
-            "none",
-            [None],
-            "",
-        )  # (q(x) @ q(W)^T) * s_w, summed in int32
-        y = y * scale
+        y = self.products(unsigned) * scale
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def products(self, unsigned: torch.Tensor) -> torch.Tensor:
+        """(q(x) @ q(W)^T) * s_w from the quantised rows shifted to unsigned bytes, q(x) + 128 (tokens, in): the one
+        library call, summed in int32 by oneDNN."""
+        return torch.ops.onednn.qlinear_pointwise(
+            *(unsigned, 1.0, 128, self.packed_weight, self.weight_scale, self.weight_zero_point),
+            *(None, 1.0, 0, torch.float32, "none", [None], ""),
+        )
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def _has_vnni_layer() -> bool:
+    """Whether Int8Linear runs here: oneDNN present and 8-bit dot products (VNNI) in the CPU."""
+    return cpu_has_vnni() and torch.backends.mkldnn.is_available()
+
+
 def _require_vnni() -> None:
     """Int8Linear's products are exact only with 8-bit dot products (VNNI): without them oneDNN multiplies unsigned
     by signed bytes with vpmaddubsw, whose int16 pair sums saturate (255 x 127 x 2 > 32767), so the layer refuses."""
-    if not (cpu_has_vnni() and torch.backends.mkldnn.is_available()):
+    if not _has_vnni_layer():
         raise UserError(
             "int8 kernel 'int_mm' (Int8Linear): this CPU has no VNNI, where its unsigned x signed byte products would "
             "saturate; use the 'fbgemm' kernel (what 'auto' picks here)"
@@ -216,7 +214,7 @@ def int8_kernel(kernel: str = "auto") -> str:
     if kernel not in INT8_KERNELS:
         raise UserError(f"int8 kernel {kernel!r}: expected one of {INT8_KERNELS}")
     if kernel == "auto":
-        return "int_mm" if cpu_has_vnni() and torch.backends.mkldnn.is_available() else "fbgemm"
+        return "int_mm" if _has_vnni_layer() else "fbgemm"
     if kernel == "int_mm":
         _require_vnni()
     return kernel
