@@ -9,12 +9,12 @@
    nn.Linear (vitkit: ``optimize_for_inference(model, "int8")``: int8 x int8 matmuls with per-token activation
    scales, compiled by default since its layers are plain tensor ops; the peers' quantised layers are opaque to
    torch.compile and run eagerly). ``--compile`` adds torch.compile with inductor freezing to every fp32 and
-   bf16 row alike. The matmul peak of
-   each precision (a large fp32 / bf16 matmul, an int8 x int8 -> int32 torch._int_mm) is timed in the same
-   rounds. Targets: vitkit >= 1.15x the best peer of the same precision (95% interval above it) and >= 80% of
-   that precision's peak (FLOPs executed). Beside the speed, each switch's accuracy cost: top-1 agreement with
-   fp32 and logit error on held-out images of (a) a digits run (--digits-run, else one trained here) and (b) an
-   official-format ViT-S/16 (--official, else a randomly initialised one, which the output says).
+   bf16 row alike. The matmul peak of each precision (a large fp32, bf16 or int8 x int8 -> int32 product through
+   the fastest of torch's kernel and the kernel of vitkit's packed-weight layers, vitkit.bench.matmul_probe) is
+   timed in the same rounds. Targets: vitkit >= 1.15x the best peer of the same precision (95% interval above it)
+   and >= 80% of that precision's peak (FLOPs executed). Beside the speed, each switch's accuracy cost: top-1
+   agreement with fp32 and logit error on held-out images of (a) a digits run (--digits-run, else one trained
+   here) and (b) an official-format ViT-S/16 (--official, else a randomly initialised one, which the output says).
 2. train: ViT-S/16 training step (forward, cross-entropy, backward, fused AdamW for every library), batch 32,
    in fp32 and with bf16 autocast (where bf16 is native), against the same targets; step memory beside it.
 
@@ -291,7 +291,10 @@ def precision_comparison(
         f"compile {args.compile}{int8_compile_note() if 'int8' in precisions else ''}, "
         f"{rounds} rounds alternating",
         "matmul peaks timed in the same rounds: "
-        + ", ".join(f"{p} {peaks[p]:.0f} G{'OP' if p == 'int8' else 'FLOP'}/s" for p in precisions),
+        + ", ".join(
+            f"{p} {peaks[p]:.0f} G{'OP' if p == 'int8' else 'FLOP'}/s ({probes[f'{p} matmul peak'][0].kernel})"
+            for p in precisions
+        ),
         "speed-up = median of per-round (row s / vitkit s) in the same precision, with its 95% bootstrap interval",
     ]
     w = max(len(n) for n in steps)

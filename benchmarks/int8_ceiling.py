@@ -4,10 +4,11 @@
     python benchmarks/int8_ceiling.py --model vit_s16 --batch-sizes 8
 
 The int8 share of peak that benchmarks/bench_vit.py prints is the FLOPs the model executes over its time, against
-the int8 peak (torch._int_mm on one large square product, timed here too). Its Linear layers are int8 matmuls, which
-run near that peak at ViT shapes (printed below); attention (q k^T and the probabilities times v) is not int8. So
-even if nothing ran but the matmuls and attention (no quantisation or rescaling, LayerNorm, GELU or residual adds),
-a forward pass would take the matmuls' time plus attention's, and its share of the peak could not exceed
+the int8 peak (one large square int8 product through the fastest kernel here, vitkit.bench.matmul_probe, timed here
+too). Its Linear layers are int8 matmuls, which run near that peak at ViT shapes (printed below); attention (q k^T
+and the probabilities times v) is not int8. So even if nothing ran but the matmuls and attention (no quantisation or
+rescaling, LayerNorm, GELU or residual adds), a forward pass would take the matmuls' time plus attention's, and its
+share of the peak could not exceed
 
     ceiling = executed FLOPs / (matmul seconds + attention seconds) / peak
 
@@ -130,11 +131,12 @@ def main(argv: list[str] | None = None) -> None:
     tokens = cfg.grid()[0] * cfg.grid()[1] + (1 if cfg.classifier == "token" else 0)  # through each full block
     tune_cpu_allocator()  # as bench_vit.py and the vitkit command line do: no fresh pages for each product
     before = load_average()
-    peak = measure_matmul_peak(torch.int8, torch.device("cpu")) * 1e9
+    peak_g, peak_kernel = measure_matmul_peak(torch.int8, torch.device("cpu"))
+    peak = peak_g * 1e9
     print(
         f"{args.model}: {flops['total'] / 1e9:.2f} GFLOP an image executed, attention {flops['attention'] / 1e9:.2f} "
         f"({100 * flops['attention'] / flops['total']:.1f}%); int8 peak {peak / 1e9:.0f} GOP/s "
-        f"(torch._int_mm), {torch.get_num_threads()} threads"
+        f"({peak_kernel}), {torch.get_num_threads()} threads"
     )
     for batch in (int(b) for b in args.batch_sizes.split(",")):
         rates, linear_rate = int8_matmul_rates(cfg, batch * tokens, args.rounds)

@@ -19,17 +19,20 @@ from vitkit import VisionTransformer, optimize_for_inference
 from vitkit import fast as fast_mod
 from vitkit.bench import (
     BenchConfig,
+    MatmulProbe,
     Measurement,
     find_max_batch,
-    matmul_probe,
+    harness,
     model_flops,
     parse_bytes,
+    probe_kernels,
     run_bench,
     vit_flops,
 )
 from vitkit.bench.harness import paired_ratios
 from vitkit.bench.memory import _proc_status_kib
 from vitkit.cli import main
+from vitkit.fast import _has_vnni_layer
 from vitkit.models import ResNet, ViTConfig
 
 TINY = dict(width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=10, patch_size=8, img_size=32)
@@ -131,16 +134,32 @@ def test_paired_ratios_pick_each_best_row_and_cancel_load_changes_between_repeat
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
-def test_matmul_probe_is_the_product_it_counts(dtype):
-    probe, flops = matmul_probe(dtype, torch.device("cpu"), max_n=256)
-    a, b = probe.args
-    assert a.shape == b.shape == (256, 256) and a.dtype == b.dtype == dtype and flops == 2 * 256**3
-    got = probe()
-    if dtype == torch.int8:  # int8 x int8 summed exactly in int32: the int8 inference ceiling
-        assert got.dtype == torch.int32
-        assert torch.equal(got.long(), a.long() @ b.long())
-    else:
-        torch.testing.assert_close(got.double(), a.double() @ b.double(), atol=0.5, rtol=0.02)
+def test_every_probe_kernel_computes_the_product_it_counts(dtype):
+    kernels = probe_kernels(dtype, torch.device("cpu"), 256)
+    names = [k.kernel for k in kernels]
+    assert names[0] == ("torch._int_mm" if dtype == torch.int8 else "torch.matmul")
+    if torch.backends.mkldnn.is_available() and (dtype != torch.int8 or _has_vnni_layer()):
+        assert len(names) == 2  # and vitkit's packed-weight layer's kernel
+    for probe in kernels:
+        a, b = probe.a, probe.b
+        assert a.shape == b.shape == (256, 256) and a.dtype == b.dtype == dtype
+        got = probe()
+        if dtype == torch.int8:  # int8 x int8 summed exactly (|sums| < 2^24, exact in float32 too)
+            assert torch.equal(got.long(), a.long() @ b.long()), probe.kernel
+        else:
+            torch.testing.assert_close(got.double(), a.double() @ b.double(), atol=0.5, rtol=0.02)
+
+
+def test_the_probe_is_the_fastest_kernel(monkeypatch):
+    seconds = {"torch.matmul": 2.0, "oneDNN, packed": 1.0}  # the first over 0.1 s: the size stays at 256
+    fake = [MatmulProbe(name, torch.zeros(1), torch.zeros(1), lambda: torch.zeros(1)) for name in seconds]
+    monkeypatch.setattr(harness, "probe_kernels", lambda dtype, device, n: fake)
+    monkeypatch.setattr(harness, "_time", lambda fn, device: seconds[fn.kernel])
+    probe, flops = harness.matmul_probe(torch.float32, torch.device("cpu"))
+    assert probe is fake[1] and flops == 2 * 256**3
+    seconds["torch.matmul"] = 0.5
+    assert harness.matmul_probe(torch.float32, torch.device("cpu"))[0] is fake[0]
+    assert harness.measure_matmul_peak(torch.float32, torch.device("cpu"), seconds=0)[1] == "torch.matmul"
 
 
 def test_parse_bytes():
