@@ -5,10 +5,11 @@
 
 - FLOPs are counted analytically from the config (matmuls and convolutions, 2 per multiply-add; norms,
   softmax and GELU are left out, as FlopCounterMode does). A training step counts 3x the forward.
-- Utilisation is achieved FLOP/s over a large square matmul's rate in the same dtype, timed in turn with the
-  models (median over the same repeats), so it reads correctly on a machine that other jobs share. Two columns:
-  "mfu" counts the model's FLOPs, "hw" the FLOPs each implementation executes. They differ for vitkit (and its
-  ONNX export), whose class-token forward computes only the class token in the last block.
+- Utilisation is achieved FLOP/s over a large square matmul's rate in the same dtype (the fastest kernel here,
+  matmul_probe), timed in turn with the models (median over the same repeats), so it reads correctly on a machine
+  that other jobs share. Two columns: "mfu" counts the model's FLOPs, "hw" the FLOPs each implementation
+  executes. They differ for vitkit (and its ONNX export), whose class-token forward computes only the class
+  token in the last block.
 - Runs alternate between implementations (vitkit, transformers, onnxruntime, any extra peer) repeat by repeat,
   so a change of machine load hits all of them alike; the ratios, paired repeat by repeat, are the figures to
   trust. Outputs are compared first.

@@ -1,0 +1,48 @@
+"""benchmarks/matmul_peak.py: each precision's matmul peak kernel by kernel, and which one the benchmarks take."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "matmul_peak.py"
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("matmul_peak", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_size_doubles_until_a_product_takes_a_tenth_of_a_second(script, monkeypatch) -> None:
+    seen = []
+
+    def kernels(dtype, device, n):
+        seen.append(n)
+        return [lambda: None]
+
+    clock = iter([0.0, 0.05, 0.0, 0.05, 0.0, 0.5])  # 256 and 512 are quick, 1024 is slow
+    monkeypatch.setattr(script, "probe_kernels", kernels)
+    monkeypatch.setattr(script.time, "perf_counter", lambda: next(clock))
+    assert script.probe_size(torch.float32) == 1024 and seen == [256, 512, 1024]
+
+
+def test_a_run_prints_every_kernel_and_the_fastest(script, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(script, "probe_size", lambda dtype: 256)
+    script.main(["--dtypes", "fp32", "--rounds", "1"])
+    out = capsys.readouterr().out.splitlines()
+    (line,) = [row for row in out if row.startswith("  fp32 256x256: ")]
+    names = [k.kernel for k in script.probe_kernels(torch.float32, torch.device("cpu"), 256)]
+    assert all(f"{name} " in line for name in names) and "; the peak: " in line and line.endswith("x torch's")
+    fastest = line.split("; the peak: ")[1].rsplit(", ", 1)[0]
+    assert fastest in names
+
+
+def test_unknown_dtypes_are_refused(script) -> None:
+    with pytest.raises(SystemExit):
+        script.main(["--dtypes", "fp16"])
