@@ -1,6 +1,10 @@
-"""Shared fixtures: ``device`` runs a test on the CPU and, where CUDA is available, again on the GPU."""
+"""Shared fixtures: ``device`` runs a test on the CPU and, where CUDA is available, again on the GPU; ``script`` is
+the benchmark script a test module names in its SCRIPT, loaded as a module."""
 
 from __future__ import annotations
+
+import importlib.util
+from types import ModuleType
 
 import pytest
 import torch
@@ -21,3 +25,13 @@ def _cpu_unless_given_a_device(request: pytest.FixtureRequest, monkeypatch: pyte
     if "device" in request.fixturenames or request.module.__name__.endswith("test_cuda"):
         return
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
+@pytest.fixture(scope="module")
+def script(request: pytest.FixtureRequest) -> ModuleType:
+    path = request.module.SCRIPT
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

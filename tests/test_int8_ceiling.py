@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,14 +10,6 @@ import torch
 from vitkit.device import cpu_has_vnni
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "int8_ceiling.py"
-
-
-@pytest.fixture(scope="module")
-def script():
-    spec = importlib.util.spec_from_file_location("int8_ceiling", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_the_ceiling_is_the_flops_over_the_time_at_the_peak(script) -> None:
