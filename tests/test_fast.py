@@ -5,6 +5,7 @@ Nothing here times anything against a threshold: speed is measured by `vitkit be
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import statistics
@@ -354,6 +355,25 @@ def test_optimize_for_inference_runs_a_packed_copy_sharing_the_models_tensors():
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(fast_mod, "can_pack_linears", lambda device: False)
         assert optimize_for_inference(model, "fp32", compile="none").model is model
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_an_optimised_model_deep_copies_sharing_only_its_packed_weights(precision):
+    """copy.deepcopy of an optimised model (EMA copies, ensembles, frameworks that copy modules): a model of its
+    own, computing the same outputs; only the packed oneDNN weights, which cannot be copied and are never written,
+    are shared."""
+    fast = optimize_for_inference(tiny_vit(), precision, compile="none")
+    x = torch.randn(3, 3, 32, 32)
+    copied = copy.deepcopy(fast)
+    assert type(copied) is type(fast) and copied.model is not fast.model and copied._run is copied.model
+    assert (copied.precision, copied.dtype, copied.compile_mode) == (fast.precision, fast.dtype, fast.compile_mode)
+    torch.testing.assert_close(copied(x), fast(x), atol=0, rtol=0)
+    packed = {id(m.packed_weight) for m in fast.model.modules() if hasattr(m, "packed_weight")}
+    assert packed == {id(m.packed_weight) for m in copied.model.modules() if hasattr(m, "packed_weight")}
+    if precision != "int8" or fast_mod.int8_kernel() == "int_mm":
+        assert packed  # where vitkit's packed layers run
+    tensors = {id(t) for t in (*fast.parameters(), *fast.buffers())}
+    assert tensors and not tensors & {id(t) for t in (*copied.parameters(), *copied.buffers())}
 
 
 @ONEDNN

@@ -134,6 +134,16 @@ def compile_for_inference(fn: Callable[..., Any], mode: str = "default") -> Call
     return run
 
 
+def _copy_sharing_packed(layer: nn.Module, memo: dict[int, Any]) -> nn.Module:
+    """copy.deepcopy of a layer holding an opaque oneDNN ``packed_weight``: the copy shares that tensor, which cannot
+    be copied (its storage is not addressable) and which nothing writes to, and copies everything else."""
+    memo[id(layer.packed_weight)] = layer.packed_weight
+    new = layer.__class__.__new__(layer.__class__)
+    memo[id(layer)] = new
+    new.__dict__.update(copy.deepcopy(layer.__dict__, memo))
+    return new
+
+
 INT8_KERNELS = ("auto", "int_mm", "fbgemm")
 _EPS = float(torch.finfo(torch.float32).tiny)
 
@@ -185,6 +195,9 @@ class Int8Linear(nn.Module):
             *(unsigned, 1.0, 128, self.packed_weight, self.weight_scale, self.weight_zero_point),
             *(None, 1.0, 0, torch.float32, "none", [None], ""),
         )
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> nn.Module:
+        return _copy_sharing_packed(self, memo)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
@@ -282,6 +295,9 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, self.post_op, [], self.algorithm)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> nn.Module:
+        return _copy_sharing_packed(self, memo)
+
     def extra_repr(self) -> str:
         gelu = f", gelu={self.algorithm!r}" if self.post_op == "gelu" else ""
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{gelu}"
@@ -341,6 +357,12 @@ class InferenceModel(nn.Module):
         if self.compile_mode == "reduce-overhead" and y.dtype == out_dtype:
             y = y.clone()  # a CUDA graph's output buffer is overwritten by its next replay
         return y.to(out_dtype)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> InferenceModel:
+        # the compiled form belongs to this model: the copy compiles its own on its first call
+        new = InferenceModel(copy.deepcopy(self.model, memo), self.dtype, self.compile_mode, self.precision)
+        memo[id(self)] = new
+        return new.train(self.training)
 
     def extra_repr(self) -> str:
         return f"precision={self.precision}, compile={self.compile_mode!r}"
@@ -407,7 +429,9 @@ def optimize_for_inference(
     within the precision's tolerance. int8 compiles like the others where the CPU has VNNI; elsewhere its layers
     are fbgemm's, which torch.compile does not trace, so it runs eagerly and an explicit compile request falls
     back with a warning. With compilation the first call, and the first at each
-    new input shape, compiles: seconds on CUDA, up to a few minutes for ViT-B on a small CPU.
+    new input shape, compiles: seconds on CUDA, up to a few minutes for ViT-B on a small CPU. ``copy.deepcopy``
+    of the result is a model of its own that shares only the packed oneDNN weights (never written) and compiles
+    on its own first call.
     """
     if dtype is not None:
         if precision != "auto":
