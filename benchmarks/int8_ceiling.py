@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = model_config(args.model)
     if not isinstance(cfg, ViTConfig):
         p.error(f"--model {args.model}: not a ViT")
-    if int8_kernel() != "int_mm":
+    if int8_kernel() != "onednn":
         p.error("this CPU has no VNNI: vitkit's int8 models run fbgemm's kernels here, not the ones this times")
     flops = vit_flops(cfg, logits_path=True)  # what forward() executes, per image
     full_block = vit_flops(cfg)["attention"] / cfg.depth  # one block's attention FLOPs, every token a query

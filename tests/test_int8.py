@@ -68,9 +68,9 @@ def test_int8_linear_is_per_token_int8_with_an_exact_integer_product():
     assert small < 0.05
 
 
-@pytest.mark.parametrize("kernel", [pytest.param("int_mm", marks=needs_vnni), "fbgemm"])
+@pytest.mark.parametrize("kernel", [pytest.param("onednn", marks=needs_vnni), "fbgemm"])
 def test_int8_agrees_with_fp32_and_leaves_the_model_untouched(monkeypatch, kernel):
-    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: kernel == "int_mm")
+    monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: kernel == "onednn")
     model = tiny_vit().train()
     config = model.config
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -88,7 +88,7 @@ def test_int8_agrees_with_fp32_and_leaves_the_model_untouched(monkeypatch, kerne
     # the copy: every Linear in int8, int8 weights per output channel
     qkv = fast.model.blocks[0].attn.qkv
     assert not any(type(m) is torch.nn.Linear for m in fast.model.modules())
-    if kernel == "int_mm":
+    if kernel == "onednn":
         assert isinstance(qkv, fast_mod.Int8Linear) and qkv.weight_scale.shape == (qkv.out_features,)
     else:
         assert qkv.weight().dtype == torch.qint8 and qkv.weight().qscheme() == torch.per_channel_affine
@@ -106,14 +106,14 @@ def test_per_token_int8_is_closer_to_fp32_than_fbgemms_per_tensor_seven_bits():
     x = torch.randn(64, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         want = model(x)
-        err = {k: float((fast_mod.quantize_int8(model, k)(x) - want).abs().mean()) for k in ("int_mm", "fbgemm")}
-    assert err["int_mm"] < 0.75 * err["fbgemm"]
+        err = {k: float((fast_mod.quantize_int8(model, k)(x) - want).abs().mean()) for k in ("onednn", "fbgemm")}
+    assert err["onednn"] < 0.75 * err["fbgemm"]
 
 
 def test_the_vnni_layer_is_refused_where_its_byte_products_would_saturate(monkeypatch):
     monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: False)
     with pytest.raises(UserError, match="no VNNI"):
-        fast_mod.quantize_int8(tiny_vit(), "int_mm")
+        fast_mod.quantize_int8(tiny_vit(), "onednn")
     with pytest.raises(UserError, match="no VNNI"):
         fast_mod.Int8Linear(torch.nn.Linear(4, 3))
     assert fast_mod.int8_kernel() == "fbgemm"
@@ -193,9 +193,9 @@ def test_int8_attends_in_bf16_where_bf16_is_native_and_in_fp32_elsewhere(monkeyp
     monkeypatch.setattr(fast_mod, "bf16_is_fast", lambda device: native)
     monkeypatch.setattr(fast_mod, "cpu_has_vnni", lambda: True)  # the layers are built, never run
     model = tiny_vit()
-    for kernel in ("int_mm", "fbgemm"):
+    for kernel in ("onednn", "fbgemm"):
         attends = {m.attend_dtype for m in fast_mod.quantize_int8(model, kernel).modules() if isinstance(m, Attention)}
-        assert attends == ({torch.bfloat16} if native and kernel == "int_mm" else {None})
+        assert attends == ({torch.bfloat16} if native and kernel == "onednn" else {None})
     assert all(m.attend_dtype is None for m in model.modules() if isinstance(m, Attention))  # the model untouched
 
 

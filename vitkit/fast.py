@@ -144,7 +144,7 @@ def _copy_sharing_packed(layer: nn.Module, memo: dict[int, Any]) -> nn.Module:
     return new
 
 
-INT8_KERNELS = ("auto", "int_mm", "fbgemm")
+INT8_KERNELS = ("auto", "onednn", "fbgemm")
 _EPS = float(torch.finfo(torch.float32).tiny)
 
 
@@ -213,22 +213,24 @@ def _require_vnni() -> None:
     by signed bytes with vpmaddubsw, whose int16 pair sums saturate (255 x 127 x 2 > 32767), so the layer refuses."""
     if not _has_vnni_layer():
         raise UserError(
-            "int8 kernel 'int_mm' (Int8Linear): this CPU has no VNNI, where its unsigned x signed byte products would "
+            "int8 kernel 'onednn' (Int8Linear): this CPU has no VNNI, where its unsigned x signed byte products would "
             "saturate; use the 'fbgemm' kernel (what 'auto' picks here)"
         )
 
 
 def int8_kernel(kernel: str = "auto") -> str:
-    """The int8 path for this CPU: "int_mm" (Int8Linear) with 8-bit dot-product instructions, else "fbgemm".
+    """The int8 path for this CPU: "onednn" (Int8Linear, oneDNN's int8 matmul on packed weights) with 8-bit
+    dot-product instructions, else "fbgemm".
 
-    Without VNNI, torch._int_mm multiplied slower than fp32 (2 AVX2 cores), while fbgemm's dynamic kernels
-    multiply unsigned by signed bytes (vpmaddubsw) at about three times fp32.
+    Without VNNI, int8 x int8 products (torch._int_mm) multiplied slower than fp32 (2 AVX2 cores) and oneDNN's
+    unsigned x signed ones saturate (_require_vnni), while fbgemm's dynamic kernels multiply unsigned by signed
+    bytes (vpmaddubsw) at about three times fp32 on 7-bit activations.
     """
     if kernel not in INT8_KERNELS:
         raise UserError(f"int8 kernel {kernel!r}: expected one of {INT8_KERNELS}")
     if kernel == "auto":
-        return "int_mm" if _has_vnni_layer() else "fbgemm"
-    if kernel == "int_mm":
+        return "onednn" if _has_vnni_layer() else "fbgemm"
+    if kernel == "onednn":
         _require_vnni()
     return kernel
 
@@ -236,11 +238,11 @@ def int8_kernel(kernel: str = "auto") -> str:
 def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     """A frozen copy of an fp32 model whose nn.Linear layers run in int8; the model is untouched.
 
-    ``kernel`` "int_mm" (the default where the CPU has VNNI): every nn.Linear becomes an Int8Linear, with
+    ``kernel`` "onednn" (the default where the CPU has VNNI): every nn.Linear becomes an Int8Linear, with
     per-token activation scales, which torch.compile fuses. "fbgemm" (the default elsewhere): torch's dynamic
     quantisation, weights int8 per output channel, activations quantised per call from the whole input's min/max
     to 7 bits (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run eagerly (torch.compile cannot trace it).
-    Other layers keep their fp32 weights (copies, not the originals). With "int_mm", where bf16 matmuls are native,
+    Other layers keep their fp32 weights (copies, not the originals). With "onednn", where bf16 matmuls are native,
     the copy's attention layers compute in bf16, written out (Attention.attend_dtype): torch has no int8 kernel for
     attention, and fp32 SDPA took about a fifth of a compiled ViT-B/16's time.
     """
@@ -250,7 +252,7 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise UserError("int8: the int8 kernels run on the CPU only; move the model with .cpu() first")
     frozen = copy.deepcopy(model).eval().requires_grad_(False)
-    if kernel == "int_mm":
+    if kernel == "onednn":
         attend_in_bf16 = bf16_is_fast(torch.device("cpu"))
         for parent in list(frozen.modules()):
             if attend_in_bf16 and isinstance(parent, Attention):
@@ -396,7 +398,7 @@ def resolve_precision(precision: str | torch.dtype, device: torch.device, warn: 
 
 def _traceable(precision: str) -> bool:
     """Whether torch.compile can trace the model of a resolved precision (not fbgemm's int8 layers)."""
-    return precision != "int8" or int8_kernel() == "int_mm"
+    return precision != "int8" or int8_kernel() == "onednn"
 
 
 def auto_compile_mode(precision: str, device: torch.device) -> str:
