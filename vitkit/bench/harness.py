@@ -196,8 +196,9 @@ def probe_kernels(dtype: torch.dtype, device: torch.device, n: int) -> list[Matm
     """Every kernel the peak may come from, each one n x n product in dtype: torch's (torch.matmul, or
     torch._int_mm for int8, its int8 x int8 -> int32 product) and, on a CPU with oneDNN, the kernels of vitkit's
     packed-weight inference layers (PackedLinear; Int8Linear where it runs). On 2 AMD EPYC cores the packed fp32
-    product ran 1.30x faster than torch.matmul, which is MKL's sgemm there, and the bf16 one 1.12x; a peak taken
-    from torch.matmul alone was exceeded by the models' own layers."""
+    product ran 1.37x faster than torch.matmul, which is MKL's sgemm there, the bf16 one 1.09x, and int8 the two
+    within a few percent (benchmarks/matmul_peak.py); a peak taken from torch.matmul alone was exceeded by the
+    models' own layers."""
     from ..fast import Int8Linear, PackedLinear, _has_vnni_layer, can_pack_linears
 
     if dtype == torch.int8:
