@@ -3,7 +3,7 @@
     python benchmarks/matmul_peak.py                 # fp32, bf16 and int8 (where the CPU has them natively): 1 min
     python benchmarks/matmul_peak.py --dtypes fp32
 
-For each dtype, one square product at the size the benchmarks' probe uses (vitkit.bench.matmul_probe: doubled from
+For each dtype, one square product at the size the benchmarks' probe uses (vitkit.bench.probe_size: doubled from
 256 while torch's product takes under 0.1 s) through each kernel the probe chooses from (vitkit.bench.probe_kernels),
 timed in turn for a few rounds: the best rate of each, the kernel the probe would take, and how much faster it is
 than torch's own. Speed needs a quiet machine: the load average is checked.
@@ -16,25 +16,11 @@ import time
 
 import torch
 
-from vitkit.bench import load_average, load_warnings, probe_kernels
+from vitkit.bench import load_average, load_warnings, probe_kernels, probe_size
 from vitkit.device import bf16_is_fast, cpu_has_vnni, usable_cores
 from vitkit.fast import tune_cpu_allocator
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
-
-
-def probe_size(dtype: torch.dtype, max_n: int = 8192) -> int:
-    """The size matmul_probe settles on: doubled from 256 while torch's product takes under 0.1 s."""
-    n = 256
-    while n < max_n:
-        first = probe_kernels(dtype, torch.device("cpu"), n)[0]
-        first()
-        start = time.perf_counter()
-        first()
-        if time.perf_counter() - start > 0.1:
-            break
-        n *= 2
-    return n
 
 
 def best_rates(dtype: torch.dtype, n: int, rounds: int) -> dict[str, float]:
@@ -65,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"matmul peak by kernel, {torch.get_num_threads()} threads")
     for name in dtypes:
         dtype = DTYPES[name]
-        n = probe_size(dtype)
+        n = probe_size(dtype, torch.device("cpu"))
         rates = best_rates(dtype, n, args.rounds)
         unit = "GOP/s" if dtype == torch.int8 else "GFLOP/s"
         fastest = max(rates, key=rates.__getitem__)

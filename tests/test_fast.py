@@ -27,6 +27,7 @@ from vitkit.bench import (
     model_flops,
     parse_bytes,
     probe_kernels,
+    probe_size,
     run_bench,
     vit_flops,
 )
@@ -149,6 +150,20 @@ def test_every_probe_kernel_computes_the_product_it_counts(dtype):
             assert torch.equal(got.long(), a.long() @ b.long()), probe.kernel
         else:
             torch.testing.assert_close(got.double(), a.double() @ b.double(), atol=0.5, rtol=0.02)
+
+
+def test_the_probe_size_doubles_until_a_product_takes_a_tenth_of_a_second(monkeypatch):
+    seen = []
+
+    def kernel(dtype, device, n):
+        seen.append(n)
+        return n
+
+    monkeypatch.setattr(harness, "_torch_kernel", kernel)
+    monkeypatch.setattr(harness, "_time", lambda n, device: {256: 0.05, 512: 0.05, 1024: 0.5}[n])  # 1024 is slow
+    assert probe_size(torch.float32, torch.device("cpu")) == 1024 and seen == [256, 512, 1024]
+    seen.clear()
+    assert probe_size(torch.float32, torch.device("cpu"), max_n=512) == 512 and seen == [256]
 
 
 def test_the_probe_is_the_fastest_kernel(monkeypatch):

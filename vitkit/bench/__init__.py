@@ -23,6 +23,7 @@ from .harness import (
     measure_matmul_peak,
     paired_ratio_intervals,
     probe_kernels,
+    probe_size,
     run_bench,
     time_alternating,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "paired_ratio_intervals",
     "paired_ratio_stats",
     "probe_kernels",
+    "probe_size",
     "parse_bytes",
     "resident_bytes",
     "run_bench",

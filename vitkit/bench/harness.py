@@ -192,6 +192,16 @@ def _dense(b: torch.Tensor) -> nn.Linear:
     return layer
 
 
+def _torch_kernel(dtype: torch.dtype, device: torch.device, n: int) -> MatmulProbe:
+    """torch's own n x n product in dtype: torch.matmul, or torch._int_mm (int8 x int8 -> int32) for int8."""
+    if dtype == torch.int8:
+        a, b = (torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device) for _ in range(2))
+        b[0] = 127  # every column's largest |value| is 127: Int8Linear's per-channel scale is 1, its product exact
+        return MatmulProbe("torch._int_mm", a, b, functools.partial(torch._int_mm, a, b))
+    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
+    return MatmulProbe("torch.matmul", a, b, functools.partial(torch.matmul, a, b))
+
+
 def probe_kernels(dtype: torch.dtype, device: torch.device, n: int) -> list[MatmulProbe]:
     """Every kernel the peak may come from, each one n x n product in dtype: torch's (torch.matmul, or
     torch._int_mm for int8, its int8 x int8 -> int32 product) and, on a CPU with oneDNN, the kernels of vitkit's
@@ -201,20 +211,26 @@ def probe_kernels(dtype: torch.dtype, device: torch.device, n: int) -> list[Matm
     models' own layers."""
     from ..fast import Int8Linear, PackedLinear, _has_vnni_layer, can_pack_linears
 
+    first = _torch_kernel(dtype, device, n)
+    a, b = first.a, first.b
     if dtype == torch.int8:
-        a, b = (torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device) for _ in range(2))
-        b[0] = 127  # every column's largest |value| is 127: Int8Linear's per-channel scale is 1, its product exact
-        kernels = [MatmulProbe("torch._int_mm", a, b, functools.partial(torch._int_mm, a, b))]
         if device.type == "cpu" and _has_vnni_layer():
             layer = Int8Linear(_dense(b.float()))
             unsigned = (a.to(torch.int16) + 128).to(torch.uint8)  # the layer's input, q(x) + 128
-            kernels.append(MatmulProbe("oneDNN int8, packed", a, b, functools.partial(layer.products, unsigned)))
-        return kernels
-    a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
-    kernels = [MatmulProbe("torch.matmul", a, b, functools.partial(torch.matmul, a, b))]
+            return [first, MatmulProbe("oneDNN int8, packed", a, b, functools.partial(layer.products, unsigned))]
+        return [first]
     if can_pack_linears(device) and dtype in (torch.float32, torch.bfloat16):
-        kernels.append(MatmulProbe("oneDNN, packed", a, b, functools.partial(PackedLinear(_dense(b)), a)))
-    return kernels
+        return [first, MatmulProbe("oneDNN, packed", a, b, functools.partial(PackedLinear(_dense(b)), a))]
+    return [first]
+
+
+def probe_size(dtype: torch.dtype, device: torch.device, max_n: int = 8192) -> int:
+    """The probe's size: doubled from 256 while torch's product takes under 0.1 s (up to max_n; 8192 is what a GPU
+    needs to reach its peak), so emulated dtypes stay affordable."""
+    n = 256
+    while n < max_n and _time(_torch_kernel(dtype, device, n), device) <= 0.1:
+        n *= 2
+    return n
 
 
 def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 8192) -> tuple[MatmulProbe, int]:
@@ -222,23 +238,16 @@ def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 8192) ->
     ceiling utilisation is measured against.
 
     int8 is the int8 x int8 -> int32 product (VNNI / AMX on CPUs, tensor cores on CUDA), the ceiling of int8
-    inference. The size doubles from 256 while one product takes under 0.1 s (up to max_n; 8192 is what a GPU
-    needs to reach its peak), so emulated dtypes stay affordable; at that size each kernel is timed (the best of
-    two calls after one) and the fastest is the probe. The harness times the probe in turn with the models, so a
-    busy machine slows the ceiling as much as them.
+    inference. At probe_size each kernel is timed (the best of two calls after one) and the fastest is the probe.
+    The harness times the probe in turn with the models, so a busy machine slows the ceiling as much as them.
     """
-    n = 256
-    while True:
-        kernels = probe_kernels(dtype, device, n)
-        if _time(kernels[0], device) > 0.1 or n >= max_n:
-            break
-        n *= 2
+    n = probe_size(dtype, device, max_n)
 
     def best_s(probe: MatmulProbe) -> float:
         probe()
         return min(_time(probe, device) for _ in range(2))
 
-    return min(kernels, key=best_s), 2 * n**3
+    return min(probe_kernels(dtype, device, n), key=best_s), 2 * n**3
 
 
 # dense (not 2:4 sparse) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by a name the GPU reports
