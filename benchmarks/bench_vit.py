@@ -10,11 +10,13 @@
    scales, compiled by default since its layers are plain tensor ops; the peers' quantised layers are opaque to
    torch.compile and run eagerly). ``--compile`` adds torch.compile with inductor freezing to every fp32 and
    bf16 row alike. The matmul peak of each precision (a large fp32, bf16 or int8 x int8 -> int32 product through
-   the fastest of torch's kernel and the kernel of vitkit's packed-weight layers, vitkit.bench.matmul_probe) is
-   timed in the same rounds. Targets: vitkit >= 1.15x the best peer of the same precision (95% interval above it)
-   and >= 80% of that precision's peak (FLOPs executed). Beside the speed, each switch's accuracy cost: top-1
-   agreement with fp32 and logit error on held-out images of (a) a digits run (--digits-run, else one trained
-   here) and (b) an official-format ViT-S/16 (--official, else a randomly initialised one, which the output says).
+   the fastest of torch's kernel and the kernel of vitkit's packed-weight layers, vitkit.bench.matmul_probe),
+   repeated to last as long as vitkit's row of that precision, is timed in the same rounds, and a row's share of
+   it is the median over rounds of its rate over that round's peak. Targets: vitkit >= 1.15x the best peer of
+   the same precision (95% interval above it) and >= 80% of that precision's peak (FLOPs executed). Beside the
+   speed, each switch's accuracy cost: top-1 agreement with fp32 and logit error on held-out images of (a) a
+   digits run (--digits-run, else one trained here) and (b) an official-format ViT-S/16 (--official, else a
+   randomly initialised one, which the output says).
 2. train: ViT-S/16 training step (forward, cross-entropy, backward, fused AdamW for every library), batch 32,
    in fp32 and with bf16 autocast (where bf16 is native), against the same targets; step memory beside it.
 
@@ -53,8 +55,10 @@ from vitkit.bench import (
     matmul_probe,
     model_flops,
     paired_ratio_stats,
+    paired_utilisation,
     run_bench,
     settled,
+    step_seconds,
     time_alternating,
 )
 from vitkit.bench.harness import PARITY_TOL
@@ -265,8 +269,9 @@ def precision_comparison(
     steps = precision_rows(model, peers, precisions, args.compile, x)
     check_rows(steps, ref)
     probes = {}
-    for p in precisions:
-        probe, probe_flops = matmul_probe(PEAK_DTYPES[p], torch.device("cpu"))
+    for p in precisions:  # each lasting as long as vitkit's row in its precision
+        seconds = step_seconds(steps[f"{p} vitkit"], torch.device("cpu"))
+        probe, probe_flops = matmul_probe(PEAK_DTYPES[p], torch.device("cpu"), seconds=seconds)
         probes[f"{p} matmul peak"] = (probe, probe_flops)
     flops = {"vitkit": model_flops(model, size, logits_path=True), "peer": model_flops(model, size)}
 
@@ -284,17 +289,18 @@ def precision_comparison(
     notes = load_warnings(load_before, load_average(), torch.get_num_threads())
     peaks = {p: probes[f"{p} matmul peak"][1] / statistics.median(times[f"{p} matmul peak"]) / 1e9 for p in precisions}
     rounds = len(times[f"{precisions[0]} vitkit"])
+    peak_lines = []
+    for p in precisions:
+        probe = probes[f"{p} matmul peak"][0]
+        peak_lines.append(f"{p} {peaks[p]:.0f} G{'OP' if p == 'int8' else 'FLOP'}/s ({probe.kernel}, {probe.size})")
 
     lines = [
         f"{'ViT-B/16' if model_name == 'vit_b16' and not overrides else model_name} inference, batch {batch_size}, "
         f"{size} px, {torch.get_num_threads()} threads, "
         f"compile {args.compile}{int8_compile_note() if 'int8' in precisions else ''}, "
         f"{rounds} rounds alternating",
-        "matmul peaks timed in the same rounds: "
-        + ", ".join(
-            f"{p} {peaks[p]:.0f} G{'OP' if p == 'int8' else 'FLOP'}/s ({probes[f'{p} matmul peak'][0].kernel})"
-            for p in precisions
-        ),
+        "matmul peaks timed in the same rounds: " + ", ".join(peak_lines),
+        "share of the peak = median of per-round (row rate / peak rate), the peak timed in the same round",
         "speed-up = median of per-round (row s / vitkit s) in the same precision, with its 95% bootstrap interval",
     ]
     w = max(len(n) for n in steps)
@@ -306,7 +312,8 @@ def precision_comparison(
         rates = sorted(batch_size / t for t in times[name])
         median = float(np.median(rates))
         executed = flops["vitkit" if impl == "vitkit" else "peer"]
-        util = median * executed / 1e9 / peaks[p]
+        probe_flops = probes[f"{p} matmul peak"][1]
+        util = paired_utilisation(batch_size * executed, times[name], probe_flops, times[f"{p} matmul peak"])
         st = None if impl == "vitkit" else paired_ratio_stats(times[name], times[f"{p} vitkit"])
         lines.append(
             f"{name:<{w}} {median:>7.2f} {rates[0]:>6.2f}-{rates[-1]:<6.2f} {median * executed / 1e9:>6.0f} "

@@ -178,6 +178,41 @@ def test_the_probe_is_the_fastest_kernel(monkeypatch):
     assert harness.measure_matmul_peak(torch.float32, torch.device("cpu"), seconds=0)[1] == "torch.matmul"
 
 
+def test_the_probe_kernels_take_turns_and_the_fastest_call_wins(monkeypatch):
+    # a passing slowdown (the machine busy for a moment) hits oneDNN's first timed call only
+    seconds = {"torch.matmul": iter([1.0, 1.0, 1.0]), "oneDNN, packed": iter([3.0, 0.9, 0.95])}
+    fake = [MatmulProbe(name, torch.zeros(1), torch.zeros(1), lambda: torch.zeros(1)) for name in seconds]
+    timed = []
+    monkeypatch.setattr(harness, "probe_kernels", lambda dtype, device, n: fake)
+    monkeypatch.setattr(harness, "probe_size", lambda dtype, device, max_n: 256)
+    monkeypatch.setattr(harness, "_time", lambda fn, device: timed.append(fn.kernel) or next(seconds[fn.kernel]))
+    assert harness.matmul_probe(torch.float32, torch.device("cpu"))[0] is fake[1]
+    assert timed == ["torch.matmul", "oneDNN, packed"] * 3
+
+
+def test_the_probe_repeats_its_product_to_last_as_long_as_the_step(monkeypatch):
+    calls = []
+    fake = MatmulProbe("torch.matmul", torch.zeros(256, 256), torch.zeros(256, 256), lambda: calls.append(1))
+    monkeypatch.setattr(harness, "probe_kernels", lambda dtype, device, n: [fake])
+    monkeypatch.setattr(harness, "probe_size", lambda dtype, device, max_n: 256)
+    monkeypatch.setattr(harness, "_time", lambda fn, device: 0.2)  # one product: 0.2 s
+    probe, flops = harness.matmul_probe(torch.float32, torch.device("cpu"), seconds=1.0)
+    assert probe.repeats == 5 and flops == 5 * 2 * 256**3 and probe.size == "256x256 x 5"
+    calls.clear()
+    probe()
+    assert len(calls) == 5  # the product itself, five times over
+    probe, flops = harness.matmul_probe(torch.float32, torch.device("cpu"), seconds=0.05)  # shorter than once
+    assert probe is fake and flops == 2 * 256**3
+
+
+def test_the_share_of_the_peak_pairs_each_round_with_its_own_peak():
+    # round 3 ran slower and so did its peak: paired, every round reaches the peak; medians taken apart say 75%
+    share = harness.paired_utilisation(100.0, [1.0, 3.0, 2.0], 100.0, [1.0, 3.0, 1.5])
+    assert share == pytest.approx(1.0)
+    assert (100 / statistics.median([1.0, 3.0, 2.0])) / (100 / statistics.median([1.0, 3.0, 1.5])) == 0.75
+    assert harness.paired_utilisation(50.0, [1.0, 1.0], 100.0, [0.5, 1.0]) == pytest.approx((0.25 + 0.5) / 2)
+
+
 def test_parse_bytes():
     assert parse_bytes("8GB") == 8 * 2**30
     assert parse_bytes("512MiB") == 512 * 2**20
@@ -198,9 +233,13 @@ def test_bench_end_to_end_with_hf_and_onnx_writes_json(tmp_path):
     doc = json.loads(report.save_json(tmp_path / "bench.json").read_text())
     assert doc["gflops_per_image"] * 1e9 == pytest.approx(vit_flops(ViTConfig(**TINY))["total"])
     assert [m["name"] for m in doc["measurements"]] == ["vitkit", "hf", "onnx"]
+    probe_s = doc["matmul_peak_s"]
+    probe_flops = doc["matmul_peak_gflops"] * 1e9 * statistics.median(probe_s)
     for m in doc["measurements"]:
         assert len(m["step_s"]) == 2 and m["images_per_s_min"] <= m["images_per_s"] <= m["images_per_s_max"]
-        assert m["utilisation"] > 0
+        # each round's rate over the peak timed in that round, then the median
+        shares = [doc["gflops_per_step"] * 1e9 / t / (probe_flops / p) for t, p in zip(m["step_s"], probe_s)]
+        assert m["utilisation"] == pytest.approx(statistics.median(shares))
         ratio = doc["executed_gflops_per_image"] / doc["gflops_per_image"] if m["name"] != "hf" else 1.0
         assert m["hardware_utilisation"] == pytest.approx(m["utilisation"] * ratio)
     assert all(m["resident_bytes"] > 0 for m in doc["measurements"][:2])

@@ -22,9 +22,11 @@ from .harness import (
     matmul_probe,
     measure_matmul_peak,
     paired_ratio_intervals,
+    paired_utilisation,
     probe_kernels,
     probe_size,
     run_bench,
+    step_seconds,
     time_alternating,
 )
 from .memory import find_max_batch, format_bytes, measure_step_memory, parse_bytes, resident_bytes
@@ -56,12 +58,14 @@ __all__ = [
     "model_flops",
     "paired_ratio_intervals",
     "paired_ratio_stats",
+    "paired_utilisation",
     "probe_kernels",
     "probe_size",
     "parse_bytes",
     "resident_bytes",
     "run_bench",
     "settled",
+    "step_seconds",
     "time_alternating",
     "vit_flops",
 ]

@@ -6,10 +6,10 @@
 - FLOPs are counted analytically from the config (matmuls and convolutions, 2 per multiply-add; norms,
   softmax and GELU are left out, as FlopCounterMode does). A training step counts 3x the forward.
 - Utilisation is achieved FLOP/s over a large square matmul's rate in the same dtype (the fastest kernel here,
-  matmul_probe), timed in turn with the models (median over the same repeats), so it reads correctly on a machine
-  that other jobs share. Two columns: "mfu" counts the model's FLOPs, "hw" the FLOPs each implementation
-  executes. They differ for vitkit (and its ONNX export), whose class-token forward computes only the class
-  token in the last block.
+  matmul_probe), repeated to last as long as vitkit's step and timed in turn with the models: the median over
+  rounds of each round's rate over that round's peak, so it reads correctly on a machine that other jobs share.
+  Two columns: "mfu" counts the model's FLOPs, "hw" the FLOPs each implementation executes. They differ for
+  vitkit (and its ONNX export), whose class-token forward computes only the class token in the last block.
 - Runs alternate between implementations (vitkit, transformers, onnxruntime, any extra peer) repeat by repeat,
   so a change of machine load hits all of them alike; the ratios, paired repeat by repeat, are the figures to
   trust. Outputs are compared first.
@@ -106,8 +106,8 @@ class Measurement:
     images_per_s_min: float
     images_per_s_max: float
     step_s: list[float]
-    utilisation: float  # model FLOPs per second over the matmul peak
-    hardware_utilisation: float  # executed FLOPs per second over the matmul peak
+    utilisation: float  # model FLOPs per second over the matmul peak, round by round (paired_utilisation)
+    hardware_utilisation: float  # executed FLOPs per second over the matmul peak, likewise
     step_memory_bytes: int | None = None
     resident_bytes: int | None = None
     parity_max_abs: float | None = None
@@ -122,6 +122,8 @@ class BenchReport:
     gflops_per_step: float  # forward (infer) or 3x forward (train), whole batch
     matmul_peak_gflops: float
     matmul_peak_kernel: str  # which kernel the peak probe ran (matmul_probe: the fastest here)
+    matmul_peak_size: str  # its product's shape and repeats (MatmulProbe.size)
+    matmul_peak_s: list[float]  # its seconds in each round, paired with each Measurement.step_s
     memory_method: str
     measurements: list[Measurement]
     ratios: dict[str, float]  # vitkit's speed over each peer's, best rows, paired by repeat (see paired_ratios)
@@ -146,8 +148,8 @@ class BenchReport:
             f"compile={compile_modes} on {self.environment['device']} ({self.environment['threads']} threads, "
             f"load {self.environment['load_avg']})",
             f"model: {self.gflops_per_image:.4g} GFLOP/image forward (vitkit executes "
-            f"{self.executed_gflops_per_image:.4g}); {c['dtype']} matmul peak "
-            f"{self.matmul_peak_gflops:.1f} GFLOP/s ({self.matmul_peak_kernel}, timed alongside)",
+            f"{self.executed_gflops_per_image:.4g}); {c['dtype']} matmul peak {self.matmul_peak_gflops:.1f} GFLOP/s "
+            f"({self.matmul_peak_kernel}, {self.matmul_peak_size}, timed alongside)",
             f"{'impl':<{w}} {'img/s':>9} {'min-max':>17} {'mfu':>6} {'hw':>6} {'step mem':>10} {'resident':>10} "
             f"{'parity':>9}",
         ]
@@ -173,14 +175,23 @@ class BenchReport:
 # ------------------------------------------------------------------------------------------------------- peak
 @dataclass(frozen=True)
 class MatmulProbe:
-    """One square product ``a @ b`` through one kernel; calling it computes the product (int8: summed exactly)."""
+    """One square product ``a @ b`` through one kernel; calling it computes the product (int8: summed exactly),
+    ``repeats`` times over (see matmul_probe's ``seconds``) and returns the last."""
 
     kernel: str  # which library call: "torch.matmul", "oneDNN, packed", "torch._int_mm", "oneDNN int8, packed"
     a: torch.Tensor
     b: torch.Tensor
     run: Callable[[], torch.Tensor]
+    repeats: int = 1
+
+    @property
+    def size(self) -> str:
+        """The product's shape and repeats, e.g. '2048x2048 x 60'."""
+        return f"{self.a.shape[0]}x{self.b.shape[1]} x {self.repeats}"
 
     def __call__(self) -> torch.Tensor:
+        for _ in range(self.repeats - 1):
+            self.run()
         return self.run()
 
 
@@ -233,21 +244,44 @@ def probe_size(dtype: torch.dtype, device: torch.device, max_n: int = 8192) -> i
     return n
 
 
-def matmul_probe(dtype: torch.dtype, device: torch.device, max_n: int = 8192) -> tuple[MatmulProbe, int]:
+def matmul_probe(
+    dtype: torch.dtype, device: torch.device, max_n: int = 8192, seconds: float = 0.0
+) -> tuple[MatmulProbe, int]:
     """A large square matmul in this dtype through the fastest kernel here (probe_kernels), and its FLOPs: the
     ceiling utilisation is measured against.
 
     int8 is the int8 x int8 -> int32 product (VNNI / AMX on CPUs, tensor cores on CUDA), the ceiling of int8
-    inference. At probe_size each kernel is timed (the best of two calls after one) and the fastest is the probe.
-    The harness times the probe in turn with the models, so a busy machine slows the ceiling as much as them.
+    inference. At probe_size the kernels take turns for three rounds after a call each, and the one with the
+    fastest call is the probe: each timed apart, best of two, a bf16 probe built just after torch.compile had
+    compiled the models once took torch.matmul, about 9% slower than oneDNN's packed product on 2 AMD EPYC cores.
+    With ``seconds`` the probe repeats its product to last about that long (at least once): the harness times it
+    in turn with the models, each round's rate against that round's peak, and a probe that lasts as long as the
+    step it is compared with takes a moment's load as the step does. One short product (fp32: about 0.08 s on 2
+    cores) mostly ran between such moments while a 5 s training step rarely did, which read the share low.
     """
     n = probe_size(dtype, device, max_n)
-
-    def best_s(probe: MatmulProbe) -> float:
+    kernels = probe_kernels(dtype, device, n)
+    for probe in kernels:
         probe()
-        return min(_time(probe, device) for _ in range(2))
+    best = [math.inf] * len(kernels)
+    for _ in range(3):
+        for i, probe in enumerate(kernels):
+            best[i] = min(best[i], _time(probe, device))
+    once, probe = min(zip(best, kernels, strict=True), key=lambda t: t[0])
+    repeats = max(1, round(seconds / once))
+    return (probe if repeats == 1 else replace(probe, repeats=repeats)), repeats * 2 * n**3
 
-    return min(probe_kernels(dtype, device, n), key=best_s), 2 * n**3
+
+def step_seconds(step: Callable[[], Any], device: torch.device) -> float:
+    """One call's seconds, after a first call (which may compile): how long the matmul probe should last."""
+    step()
+    return _time(step, device)
+
+
+def paired_utilisation(flops: float, step_s: Sequence[float], probe_flops: float, probe_s: Sequence[float]) -> float:
+    """The share of the peak: the median over rounds of (flops / a step's seconds) over (probe_flops / the probe's
+    seconds in the same round), paired as the speed ratios are."""
+    return statistics.median(flops / t / (probe_flops / p) for t, p in zip(step_s, probe_s, strict=True))
 
 
 # dense (not 2:4 sparse) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s, by a name the GPU reports
@@ -450,7 +484,10 @@ def run_bench(
     flops = model_flops(model, cfg.img_size)
     executed = model_flops(model, cfg.img_size, logits_path=True)  # vitkit's forward, and so its ONNX export
     step_flops = flops * cfg.batch_size * (3 if cfg.mode == "train" else 1)
-    probe, probe_flops = matmul_probe(torch.float32 if cfg.dtype == "fp32" else torch.bfloat16, device)
+    ours = next(name for name in steps if name.startswith("vitkit"))
+    probe, probe_flops = matmul_probe(
+        torch.float32 if cfg.dtype == "fp32" else torch.bfloat16, device, seconds=step_seconds(steps[ours], device)
+    )
     rounds = f"{cfg.repeats}" + (f" to {cfg.max_repeats}" if cfg.max_repeats > cfg.repeats else "")
     log(f"timing {', '.join(steps)}: {cfg.warmup} warm-up and {rounds} timed calls each, alternating")
 
@@ -470,14 +507,15 @@ def run_bench(
         max_repeats=cfg.max_repeats,
     )
     notes = load_warnings(load_before, load_average(), torch.get_num_threads())
-    peak = probe_flops / statistics.median(times.pop(PROBE)) / 1e9  # GFLOP/s under the same load as the models
+    probe_s = times.pop(PROBE)
+    peak = probe_flops / statistics.median(probe_s) / 1e9  # GFLOP/s under the same load as the models
     measurements = []
     for name, step_s in times.items():
         rates = [cfg.batch_size / t for t in step_s]
         median = statistics.median(rates)
         owner = owners.get(name)
         impl = name.split("/")[0]
-        mfu = median / cfg.batch_size * step_flops / (peak * 1e9)
+        mfu = paired_utilisation(step_flops, step_s, probe_flops, probe_s)
         measurements.append(
             Measurement(
                 name=name,
@@ -509,6 +547,8 @@ def run_bench(
         gflops_per_step=step_flops / 1e9,
         matmul_peak_gflops=peak,
         matmul_peak_kernel=probe.kernel,
+        matmul_peak_size=probe.size,
+        matmul_peak_s=probe_s,
         memory_method=memory_method(device),
         measurements=measurements,
         ratios=ratios,
