@@ -12,11 +12,10 @@ than torch's own. Speed needs a quiet machine: the load average is checked.
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
-from vitkit.bench import load_average, load_warnings, probe_kernels, probe_size
+from vitkit.bench import fastest_calls, load_average, load_warnings, probe_kernels, probe_size
 from vitkit.device import bf16_is_fast, cpu_has_vnni, usable_cores
 from vitkit.fast import tune_cpu_allocator
 
@@ -26,15 +25,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 def best_rates(dtype: torch.dtype, n: int, rounds: int) -> dict[str, float]:
     """GFLOP/s (int8: GOP/s) of each kernel at n, the best of ``rounds`` calls, the kernels taking turns."""
     kernels = probe_kernels(dtype, torch.device("cpu"), n)
-    best = {k.kernel: float("inf") for k in kernels}
-    for k in kernels:
-        k()  # warm-up: packing, oneDNN's primitive cache
-    for _ in range(rounds):
-        for k in kernels:
-            start = time.perf_counter()
-            k()
-            best[k.kernel] = min(best[k.kernel], time.perf_counter() - start)
-    return {name: 2 * n**3 / s / 1e9 for name, s in best.items()}
+    seconds = fastest_calls(kernels, torch.device("cpu"), rounds)
+    return {k.kernel: 2 * n**3 / s / 1e9 for k, s in zip(kernels, seconds, strict=True)}
 
 
 def main(argv: list[str] | None = None) -> None:

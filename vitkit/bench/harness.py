@@ -261,15 +261,21 @@ def matmul_probe(
     """
     n = probe_size(dtype, device, max_n)
     kernels = probe_kernels(dtype, device, n)
+    once, probe = min(zip(fastest_calls(kernels, device, 3), kernels, strict=True), key=lambda t: t[0])
+    repeats = max(1, round(seconds / once))
+    return (probe if repeats == 1 else replace(probe, repeats=repeats)), repeats * 2 * n**3
+
+
+def fastest_calls(kernels: Sequence[MatmulProbe], device: torch.device, rounds: int) -> list[float]:
+    """Each kernel's fastest call in seconds over ``rounds`` rounds, the kernels taking turns after a call each
+    (packing, oneDNN's primitive cache), so that a passing moment of load weighs on one round, not one kernel."""
     for probe in kernels:
         probe()
     best = [math.inf] * len(kernels)
-    for _ in range(3):
+    for _ in range(rounds):
         for i, probe in enumerate(kernels):
             best[i] = min(best[i], _time(probe, device))
-    once, probe = min(zip(best, kernels, strict=True), key=lambda t: t[0])
-    repeats = max(1, round(seconds / once))
-    return (probe if repeats == 1 else replace(probe, repeats=repeats)), repeats * 2 * n**3
+    return best
 
 
 def step_seconds(step: Callable[[], Any], device: torch.device) -> float:
