@@ -25,9 +25,9 @@ def count_onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls: list[int] = []
     matmul = linear_mod._matmul
 
-    def counted(*args):
+    def counted(*args, **kwargs):
         calls.append(1)
-        return matmul(*args)
+        return matmul(*args, **kwargs)
 
     monkeypatch.setattr(linear_mod, "_matmul", counted)
     return calls

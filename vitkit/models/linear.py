@@ -2,12 +2,12 @@
 
 An nn.Linear on the CPU in fp32 multiplies through BLAS (MKL's sgemm), forward and backward. On 2 AMD EPYC
 cores (AVX512), oneDNN's matmul ran ViT-S/16's layer shapes at batch 32 (6,304 rows) about 10% faster forward and
-for the input's gradient (155-220 GFLOP/s against 115-200, its weight reordered into oneDNN's layout on each
-call), while MKL stays the faster for the weight's gradient (g^T x: 164-172 GFLOP/s, oneDNN 87-118 through the
-transposed copies it needs). So in fp32 training a large enough layer runs forward and input gradient through
-oneDNN and the weight gradient through MKL: one layer's forward and backward 0.97-1.25x nn.Linear's (median
-1.08x, 15 cases) at 2,364 to 12,608 rows, a ViT-S/16 fp32 training step 1.09x. The same function to the rounding
-of another fp32 summation order.
+for the input's gradient (155-220 GFLOP/s against 115-200; forward, its weight reordered into oneDNN's layout on
+each call; for the input's gradient, read transposed in place), while MKL stays the faster for the weight's
+gradient (g^T x: 164-172 GFLOP/s, oneDNN 87-118 through the transposed copies it needs). So in fp32 training a
+large enough layer runs forward and input gradient through oneDNN and the weight gradient through MKL: one layer's
+forward and backward 0.97-1.25x nn.Linear's (median 1.08x, 15 cases) at 2,364 to 12,608 rows, a ViT-S/16 fp32
+training step 1.09x. The same function to the rounding of another fp32 summation order.
 
 Under CPU bf16 autocast the products are oneDNN's already, but autocast's addmm first copies the bias into the
 output and then accumulates into it; oneDNN adds the bias inside its matmul instead, with the same bits (the
@@ -50,9 +50,12 @@ def _reordered(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
 
-def _matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x W^T + b through oneDNN (x: (..., in), weight: (out, in))."""
-    return torch.ops.mkldnn._linear_pointwise(x, _reordered(weight), bias, "none", [], "")
+def _matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pack: bool = True) -> torch.Tensor:
+    """x W^T + b through oneDNN (x: (..., in), weight: (out, in), any strides). ``pack``: reorder the weight into
+    oneDNN's layout first, as the forward does; the input's gradient passes W^T as a view of the weight, which oneDNN
+    reads in place: at ViT-S/16's layer shapes and 6,304 rows 1.01-1.04x faster than packing a transposed copy
+    (about 25 ms of a 4.7 s fp32 training step, 21 rounds taking turns)."""
+    return torch.ops.mkldnn._linear_pointwise(x, _reordered(weight) if pack else weight, bias, "none", [], "")
 
 
 def _param_grads(ctx: Any, grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -76,7 +79,7 @@ class _OneDnnLinear(torch.autograd.Function):
         grad = grad.contiguous()
         gx = None
         if ctx.needs_input_grad[0]:  # with create_graph=True (a gradient of the gradient) in differentiable ops
-            gx = grad.matmul(weight) if torch.is_grad_enabled() else _matmul(grad, weight.t().contiguous(), None)
+            gx = grad.matmul(weight) if torch.is_grad_enabled() else _matmul(grad, weight.t(), None, pack=False)
         return gx, *_param_grads(ctx, grad, x)
 
 

@@ -1,0 +1,260 @@
+"""How much of the matmul peak a ViT's training step can reach on this machine: where its time goes.
+
+    python benchmarks/train_ceiling.py                      # ViT-S/16, batch 32, fp32 and bf16 autocast: 3 min
+    python benchmarks/train_ceiling.py --dtypes bf16-autocast --rounds 3
+
+benchmarks/bench_vit.py's training rows print vitkit's share of the peak: the FLOPs its step executes a second
+(forward, cross-entropy, backward, fused AdamW; the backward counted as twice the forward) over the rate of one large
+square product in the same precision (vitkit.bench.matmul_probe), timed in turn with the step. This script times
+the same step the same way, then profiles it (torch.profiler) and sorts its time into the products (every matmul,
+batched matmul, fused attention kernel and the patch convolution, each with the FLOPs its shapes give) and
+everything else. If nothing but the products ran, at the rates they reach inside the step, the step's share of the
+peak could not exceed
+
+    ceiling = executed FLOPs / the products' seconds / peak
+
+and a share of 80% leaves everything else executed FLOPs / (0.8 peak) - the products' seconds. The products' FLOPs
+are checked against the step's count (they differ by the patch convolution's forward: no gradient reaches the
+image). ViTs only (the patch convolution's FLOPs are read with its stride equal to its kernel). Speed needs a quiet
+machine: the load average is checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import resource
+import statistics
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from vitkit.bench import load_average, load_warnings, make_step, matmul_probe, time_alternating, vit_flops
+from vitkit.bench.harness import BenchConfig, build_model, paired_utilisation, step_seconds
+from vitkit.device import usable_cores
+from vitkit.fast import tune_cpu_allocator
+from vitkit.models import ViTConfig
+from vitkit.models.registry import model_config
+
+Shapes = Sequence[Sequence[int]]
+
+
+def _linear(shapes: Shapes) -> int:
+    # (x, weight, bias, ...) or, with a binary post-op, (x, other, weight, ...): weight is (out, in), in = x's last
+    x, w = shapes[0], shapes[1] if len(shapes[1]) == 2 and shapes[1][1] == shapes[0][-1] else shapes[2]
+    return 2 * math.prod(x) * w[0]
+
+
+def _conv(shapes: Shapes) -> int:
+    (b, c, h, w), (o, _, kh, kw) = shapes[0], shapes[1]
+    return 2 * b * o * (h // kh) * (w // kw) * c * kh * kw  # stride = kernel: the patch embedding
+
+
+def _conv_weight_grad(shapes: Shapes) -> int:
+    (b, o, h, w), _, (_, c, kh, kw) = shapes[:3]
+    return 2 * b * o * h * w * c * kh * kw  # the weight's gradient; the image gets none
+
+
+def _attention(shapes: Shapes, products: int) -> int:
+    # (q, k, v, ...) forward, two products; (grad_out, q, k, v, ...) backward, four
+    (b, h, n, d), (_, _, m, _) = shapes[products // 2 - 1], shapes[products // 2]
+    return 2 * products * b * h * n * m * d
+
+
+# profiler name -> (group, the FLOPs its recorded input shapes give)
+PRODUCTS: dict[str, tuple[str, Callable[[Shapes], int]]] = {
+    "mkldnn::_linear_pointwise": ("oneDNN linear", _linear),
+    "aten::mm": ("gemm", lambda s: 2 * s[0][0] * s[0][1] * s[1][1]),
+    "aten::addmm": ("gemm", lambda s: 2 * s[1][0] * s[1][1] * s[2][1]),
+    "aten::bmm": ("batched gemm", lambda s: 2 * s[0][0] * s[0][1] * s[0][2] * s[1][2]),
+    "aten::baddbmm": ("batched gemm", lambda s: 2 * s[1][0] * s[1][1] * s[1][2] * s[2][2]),
+    "aten::_scaled_dot_product_flash_attention_for_cpu": ("SDPA kernels", lambda s: _attention(s, 2)),
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward": ("SDPA kernels", lambda s: _attention(s, 4)),
+    "aten::mkldnn_convolution": ("patch convolution", _conv),
+    "aten::convolution_backward": ("patch convolution", _conv_weight_grad),
+}
+
+
+def _in_backward(event: Any) -> bool:
+    """Whether a profiler event ran inside the autograd engine (a backward function)."""
+    while event is not None:
+        if event.name.startswith("autograd::engine::evaluate_function"):
+            return True
+        event = event.cpu_parent
+    return False
+
+
+def _other_name(name: str) -> str:
+    # a compiled graph's name carries its hash: its calls are counted together
+    return "compiled graphs" if name.startswith("## Call CompiledFxGraph") else name.removeprefix("aten::")
+
+
+def breakdown(events: Any) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """From the profiler events of one step: {product group: [seconds, FLOPs]} and {other op: seconds} (self time:
+    nothing counted twice). A group is a kernel and whether it ran forward or backward; its FLOPs are counted from
+    the recorded input shapes, 0 where none were recorded."""
+    products: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
+    others: dict[str, float] = defaultdict(float)
+    for event in events:
+        seconds = event.self_cpu_time_total / 1e6
+        if event.name in PRODUCTS:
+            kernel, flops = PRODUCTS[event.name]
+            group = products[f"{'backward' if _in_backward(event) else 'forward'} {kernel}"]
+            group[0] += seconds
+            shapes = [s for s in event.input_shapes if s]
+            group[1] += flops(shapes) if shapes else 0
+        elif seconds > 0:
+            others[_other_name(event.name)] += seconds
+    return dict(products), dict(others)
+
+
+def profiled(step: Callable[[], Any], shapes: bool = False) -> tuple[Any, int]:
+    """The profiler events of one call of step (with their input shapes), and the minor page faults meanwhile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=shapes) as prof:
+        step()
+    return prof.events(), resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+def settle(step: Callable[[], Any], most: int = 8, faults: int = 1000) -> int:
+    """Profile steps until one page-faults fewer than ``faults`` times (at most ``most``): how many it took.
+
+    The profiler's own allocations land between the step's freed tensors, so the first profiled steps find no
+    room for them and take fresh pages (a ViT-S/16 fp32 step at batch 32: 80,000-130,000 minor faults, 0.1-0.2 s of
+    system time, where an unprofiled step has next to none once the allocator is tuned); the heap then settles.
+    Recording input shapes allocates more, and kept the heap growing step after step (400,000 faults, 4 s of system
+    time a step), so the timed steps record none and one step at the end gives the FLOPs.
+    """
+    for n in range(1, most + 1):
+        if profiled(step)[1] < faults:
+            return n
+    return most
+
+
+Round = tuple[float, dict[str, list[float]], dict[str, float], int]  # peak FLOP/s, breakdown, page faults
+
+
+def profile_rounds(step: Callable[[], Any], probe: Callable[[], Any], probe_flops: float, rounds: int) -> list[Round]:
+    """Rounds of the probe timed, then the step profiled: (that round's peak FLOP/s, the step's breakdown, its
+    minor page faults)."""
+    out = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        probe()
+        peak = probe_flops / (time.perf_counter() - start)
+        events, faults = profiled(step)
+        out.append((peak, *breakdown(events), faults))
+    return out
+
+
+def report(
+    label: str,
+    share: float,
+    step_flops: float,
+    image_flops: float,
+    rounds: list[Round],
+    counted: dict[str, list[float]],
+) -> list[str]:
+    """The lines printed for one dtype: medians over the profiled rounds, each rate against its round's peak."""
+    peaks = [peak for peak, *_ in rounds]
+    groups = sorted({g for _, products, *_ in rounds for g in products})
+    names = {n for _, _, others, _ in rounds for n in others}
+
+    def median(values: list[float]) -> float:
+        return statistics.median(values) if values else 0.0
+
+    products_s = [sum(s for s, _ in products.values()) for _, products, *_ in rounds]
+    rest_s = [sum(others.values()) for _, _, others, _ in rounds]
+    total = median([p + r for p, r in zip(products_s, rest_s, strict=True)])
+    product_flops = sum(f for _, f in counted.values())
+    faults = ", ".join(f"{r[3]:,}" for r in rounds)
+    lines = [
+        f"{label}: {share:.1%} of the peak, {step_flops / 1e9:.1f} GFLOP executed",
+        f"  {len(rounds)} profiled steps (median {total:.3f} s; page faults {faults}; peak {median(peaks) / 1e9:.1f} "
+        f"GFLOP/s in their rounds), their products {product_flops / 1e9:.1f} GFLOP (the step's count less the patch "
+        f"convolution's forward, no gradient reaching the image: {(step_flops - image_flops) / 1e9:.1f}):",
+    ]
+    rows = []
+    for group in groups:
+        seconds = [products.get(group, [0.0, 0.0])[0] for _, products, *_ in rounds]
+        flops = counted.get(group, [0.0, 0.0])[1]
+        share_of_peak = [flops / s / peak for s, (peak, *_) in zip(seconds, rounds, strict=True) if s > 0]
+        rows.append((median(seconds), group, flops, median(share_of_peak)))
+    for group_s, group, flops, of_peak in sorted(rows, reverse=True):
+        lines.append(
+            f"    {group:28s} {group_s * 1e3:7.1f} ms {group_s / total:6.1%}  {flops / 1e9:6.1f} GFLOP at "
+            f"{of_peak:4.0%} of the peak"
+        )
+    others = sorted(((median([o.get(n, 0.0) for _, _, o, _ in rounds]), n) for n in names), reverse=True)[:8]
+    rest = median(rest_s)
+    lines.append(
+        f"    {'everything else':28s} {rest * 1e3:7.1f} ms {rest / total:6.1%}: "
+        + ", ".join(f"{name} {s * 1e3:.0f}" for s, name in others)
+    )
+    ceilings = [step_flops / p / peak for p, peak in zip(products_s, peaks, strict=True)]
+    budgets = [step_flops / (0.8 * peak) - p for p, peak in zip(products_s, peaks, strict=True)]
+    lines.append(
+        f"  ceiling, the products alone at these rates: {median(ceilings):.1%} of the peak; 80% of it leaves "
+        f"everything else {median(budgets) * 1e3:.0f} ms a step (it took {rest * 1e3:.0f})"
+    )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="vit_s16", help="a registered ViT (default vit_s16)")
+    p.add_argument("--batch-size", type=int, default=32, help="(default 32, as bench_vit.py's training rows)")
+    p.add_argument("--img-size", type=int, default=224, help="(default 224, as bench_vit.py's)")
+    p.add_argument("--dtypes", default="fp32,bf16-autocast", help="comma-separated (default fp32,bf16-autocast)")
+    p.add_argument("--rounds", type=int, default=5, help="timed rounds of step and probe (default 5)")
+    p.add_argument("--profile", type=int, default=5, help="steps profiled, each after the probe (default 5)")
+    args = p.parse_args(argv)
+    config = model_config(args.model)
+    if not isinstance(config, ViTConfig):
+        p.error(f"--model {args.model}: not a ViT")
+    dtypes = args.dtypes.split(",")
+    if unknown := [d for d in dtypes if d not in ("fp32", "bf16-autocast")]:
+        p.error(f"--dtypes: {unknown} not among fp32, bf16-autocast")
+    size = args.img_size
+    tune_cpu_allocator()  # as bench_vit.py and vitkit train do
+    device = torch.device("cpu")
+    before = load_average()
+    for dtype in dtypes:
+        cfg = BenchConfig(
+            model=args.model, batch_size=args.batch_size, img_size=size, dtype=dtype, mode="train", device="cpu"
+        )
+        model = build_model(cfg, device)
+        torch.manual_seed(1)
+        x = torch.randn(args.batch_size, config.in_chans, size, size)
+        y = torch.randint(0, max(config.num_classes, 1), (args.batch_size,))
+        step = make_step(model, cfg, x, y, device)
+        built = model.config
+        assert isinstance(built, ViTConfig)
+        flops = vit_flops(built, size, logits_path=True)
+        step_flops = 3 * flops["total"] * args.batch_size
+        probe, probe_flops = matmul_probe(
+            torch.float32 if dtype == "fp32" else torch.bfloat16, device, seconds=step_seconds(step, device)
+        )
+        times = time_alternating({"step": step, "probe": probe}, args.rounds, 1, device)
+        share = paired_utilisation(step_flops, times["step"], probe_flops, times["probe"])
+        warm = settle(step)
+        rounds = profile_rounds(step, probe, probe_flops, args.profile)
+        counted = breakdown(profiled(step, shapes=True)[0])[0]
+        label = (
+            f"{args.model} training step, batch {args.batch_size}, {dtype} ({torch.get_num_threads()} threads, "
+            f"peak {probe.kernel} {probe.size}, step {statistics.median(times['step']):.3f} s; {warm} profiled steps "
+            "before the heap settled)"
+        )
+        image = flops["patch_embed"] * args.batch_size
+        print("\n".join(report(label, share, step_flops, image, rounds, counted)) + "\n", flush=True)
+    for line in load_warnings(before, load_average(), torch.get_num_threads(), usable_cores()):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
