@@ -1,6 +1,6 @@
 """How much of the matmul peak a ViT's training step can reach on this machine: where its time goes.
 
-    python benchmarks/train_ceiling.py                      # ViT-S/16, batch 32, fp32 and bf16 autocast: 3 min
+    python benchmarks/train_ceiling.py                      # ViT-S/16, batch 32, fp32 and bf16 autocast: 4 min
     python benchmarks/train_ceiling.py --dtypes bf16-autocast --rounds 3
 
 benchmarks/bench_vit.py's training rows print vitkit's share of the peak: the FLOPs its step executes a second
