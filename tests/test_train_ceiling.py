@@ -11,6 +11,7 @@ import torch
 
 from vitkit.bench import make_step, vit_flops
 from vitkit.bench.harness import BenchConfig, build_model
+from vitkit.device import bf16_is_fast
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_ceiling.py"
 
@@ -80,13 +81,23 @@ def test_the_ceiling_and_the_budget_left_at_80_percent(script):
     assert "300.0 ms" in backward and "37.5%" in backward and "at  80% of the peak" in backward  # 60 / 0.3 / 250
 
 
-def test_a_run_prints_both_precisions(script, capsys, monkeypatch):
+def test_a_run_prints_fp32_and_bf16_where_it_is_native(script, capsys, monkeypatch):
     monkeypatch.setattr(script, "matmul_probe", functools.partial(script.matmul_probe, max_n=256))  # a short probe
     script.main(["--model", "vit_ti16", "--img-size", "32", "--batch-size", "2", "--rounds", "1", "--profile", "1"])
     out = capsys.readouterr().out
-    for dtype in ("fp32", "bf16-autocast"):
-        assert f"vit_ti16 training step, batch 2, {dtype} (" in out
-    assert out.count("ceiling, the products alone at these rates: ") == 2
+    native = bf16_is_fast(torch.device("cpu"))  # emulated bf16 is left out, as bench_vit.py leaves it
+    assert "vit_ti16 training step, batch 2, fp32 (" in out
+    assert ("vit_ti16 training step, batch 2, bf16-autocast (" in out) == native
+    assert ("bf16 is emulated on this CPU" in out) == (not native)
+    assert out.count("ceiling, the products alone at these rates: ") == 1 + native
+
+
+def test_emulated_bf16_is_left_out(script, capsys, monkeypatch):
+    monkeypatch.setattr(script, "bf16_is_fast", lambda device: False)
+    monkeypatch.setattr(script, "matmul_probe", functools.partial(script.matmul_probe, max_n=256))
+    script.main(["--model", "vit_ti16", "--img-size", "32", "--batch-size", "2", "--rounds", "1", "--profile", "1"])
+    out = capsys.readouterr().out
+    assert out.startswith("bf16 is emulated on this CPU") and "bf16-autocast (" not in out
 
 
 def test_not_a_vit_is_refused(script):
