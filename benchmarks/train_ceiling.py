@@ -2,6 +2,7 @@
 
     python benchmarks/train_ceiling.py     # ViT-S/16, batch 32, fp32 and (bf16 native here) bf16 autocast: 4 min
     python benchmarks/train_ceiling.py --dtypes bf16-autocast --rounds 3
+    python benchmarks/train_ceiling.py --compile default   # the step through torch.compile: 6 min
 
 benchmarks/bench_vit.py's training rows print vitkit's share of the peak: the FLOPs its step executes a second
 (forward, cross-entropy, backward, fused AdamW; the backward counted as twice the forward) over the rate of one large
@@ -17,6 +18,11 @@ and a share of 80% leaves everything else executed FLOPs / (0.8 peak) - the prod
 are checked against the step's count (they differ by the patch convolution's forward: no gradient reaches the
 image). ViTs only (the patch convolution's FLOPs are read with its stride equal to its kernel). Speed needs a quiet
 machine: the load average is checked.
+
+``--compile`` times and profiles the step with the model through torch.compile (as ``vitkit bench --compile``):
+inductor fuses the elementwise work around the products into kernels of its own, each profiled under its name,
+while the products stay library calls, counted as above (but for the class-token block's attention, one query a
+head, which inductor computes as a reduction of its own: 0.3 MFLOP an image for ViT-S/16).
 """
 
 from __future__ import annotations
@@ -213,6 +219,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtypes", default="fp32,bf16-autocast", help="comma-separated (default fp32,bf16-autocast)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds of step and probe (default 5)")
     p.add_argument("--profile", type=int, default=5, help="steps profiled, each after the probe (default 5)")
+    p.add_argument(
+        "--compile",
+        default="none",
+        choices=("none", "default", "max-autotune"),
+        help="torch.compile mode (default none)",
+    )
     args = p.parse_args(argv)
     config = model_config(args.model)
     if not isinstance(config, ViTConfig):
@@ -220,43 +232,57 @@ def main(argv: list[str] | None = None) -> None:
     dtypes = args.dtypes.split(",")
     if unknown := [d for d in dtypes if d not in ("fp32", "bf16-autocast")]:
         p.error(f"--dtypes: {unknown} not among fp32, bf16-autocast")
-    size = args.img_size
     tune_cpu_allocator()  # as bench_vit.py and vitkit train do
     device = torch.device("cpu")
     if "bf16-autocast" in dtypes and not bf16_is_fast(device):  # as bench_vit.py leaves out its bf16 rows
         print("bf16 is emulated on this CPU (no AMX / AVX512-BF16): bf16-autocast is left out")
         dtypes.remove("bf16-autocast")
     before = load_average()
-    for dtype in dtypes:
-        cfg = BenchConfig(
-            model=args.model, batch_size=args.batch_size, img_size=size, dtype=dtype, mode="train", device="cpu"
-        )
-        model = build_model(cfg, device)
-        torch.manual_seed(1)
-        x = torch.randn(args.batch_size, config.in_chans, size, size)
-        y = torch.randint(0, max(config.num_classes, 1), (args.batch_size,))
-        step = make_step(model, cfg, x, y, device)
-        built = model.config
-        assert isinstance(built, ViTConfig)
-        flops = vit_flops(built, size, logits_path=True)
-        step_flops = 3 * flops["total"] * args.batch_size
-        probe, probe_flops = matmul_probe(
-            torch.float32 if dtype == "fp32" else torch.bfloat16, device, seconds=step_seconds(step, device)
-        )
-        times = time_alternating({"step": step, "probe": probe}, args.rounds, 1, device)
-        share = paired_utilisation(step_flops, times["step"], probe_flops, times["probe"])
-        warm = settle(step)
-        rounds = profile_rounds(step, probe, probe_flops, args.profile)
-        counted = breakdown(profiled(step, shapes=True)[0])[0]
-        label = (
-            f"{args.model} training step, batch {args.batch_size}, {dtype} ({torch.get_num_threads()} threads, "
-            f"peak {probe.kernel} {probe.size}, step {statistics.median(times['step']):.3f} s; {warm} profiled steps "
-            "before the heap settled)"
-        )
-        image = flops["patch_embed"] * args.batch_size
-        print("\n".join(report(label, share, step_flops, image, rounds, counted)) + "\n", flush=True)
+    # a compiled step's own kernels, each under its name in the profile, rather than one event for the graph
+    with torch._inductor.config.patch({"cpp.enable_kernel_profile": args.compile != "none"}):
+        for dtype in dtypes:
+            run(args, dtype, config, device)
     for line in load_warnings(before, load_average(), torch.get_num_threads(), usable_cores()):
         print(line)
+
+
+def run(args: argparse.Namespace, dtype: str, config: ViTConfig, device: torch.device) -> None:
+    """Time, profile and report one dtype's step."""
+    size = args.img_size
+    cfg = BenchConfig(
+        model=args.model,
+        batch_size=args.batch_size,
+        img_size=size,
+        dtype=dtype,
+        mode="train",
+        device="cpu",
+        compile=args.compile,
+    )
+    model = build_model(cfg, device)
+    torch.manual_seed(1)
+    x = torch.randn(args.batch_size, config.in_chans, size, size)
+    y = torch.randint(0, max(config.num_classes, 1), (args.batch_size,))
+    step = make_step(model, cfg, x, y, device)
+    built = model.config
+    assert isinstance(built, ViTConfig)
+    flops = vit_flops(built, size, logits_path=True)
+    step_flops = 3 * flops["total"] * args.batch_size
+    probe, probe_flops = matmul_probe(
+        torch.float32 if dtype == "fp32" else torch.bfloat16, device, seconds=step_seconds(step, device)
+    )
+    times = time_alternating({"step": step, "probe": probe}, args.rounds, 1, device)
+    share = paired_utilisation(step_flops, times["step"], probe_flops, times["probe"])
+    warm = settle(step)
+    rounds = profile_rounds(step, probe, probe_flops, args.profile)
+    counted = breakdown(profiled(step, shapes=True)[0])[0]
+    compiled = "" if args.compile == "none" else f", compiled ({args.compile})"
+    label = (
+        f"{args.model} training step, batch {args.batch_size}, {dtype}{compiled} ({torch.get_num_threads()} "
+        f"threads, peak {probe.kernel} {probe.size}, step {statistics.median(times['step']):.3f} s; {warm} "
+        "profiled steps before the heap settled)"
+    )
+    image = flops["patch_embed"] * args.batch_size
+    print("\n".join(report(label, share, step_flops, image, rounds, counted)) + "\n", flush=True)
 
 
 if __name__ == "__main__":

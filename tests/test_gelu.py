@@ -48,6 +48,20 @@ def test_bf16_tanh_gelu_and_gradient_are_the_float64_values_rounded() -> None:
     assert_rounded(x.grad, x64.grad, within_ulp=True)  # computed in fp32 from a bf16 gradient, then rounded
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_gradient_and_output_kernel_gives_the_other_two_kernels_bits(dtype: torch.dtype) -> None:
+    """The kernel the MLP's second layer recomputes the GELU with: its gradient and its output, bit for bit."""
+    x = bf16_inputs().to(dtype)
+    grad = torch.randn(x.shape).to(dtype)
+    kernels = gelu_mod._kernels(dtype)
+    assert kernels is not None
+    gx, y = kernels.backward_and_output(grad.view(-1, 7), x.view(-1, 7))  # any shape
+    assert gx.shape == y.shape == (x.numel() // 7, 7)
+    assert torch.equal(gx.view(-1), kernels.backward(grad, x)) and torch.equal(y.view(-1), kernels.forward(x))
+    if dtype == torch.bfloat16:
+        assert_rounded(y.view(-1), tanh_gelu64(x.double()))
+
+
 def test_aten_kernel_rounds_worse_than_ours() -> None:
     """Why the kernel exists beside speed: ATen's bf16 tanh-GELU is off by more than rounding for x < -3."""
     x = bf16_inputs()
@@ -103,7 +117,7 @@ def test_the_kernels_split_their_loop_over_the_threads_whatever_length_compiled_
     from torch._inductor import config
     from torch._inductor.utils import run_and_get_code
 
-    for kernel, inputs in ((gelu_mod._forward, 1), (gelu_mod._backward, 2)):
+    for kernel, inputs in ((gelu_mod._forward, 1), (gelu_mod._backward, 2), (gelu_mod._backward_and_output, 2)):
         with config.patch(force_disable_caches=True):  # the code generated now, not a cached kernel
             _, code = run_and_get_code(gelu_mod._compile(kernel), *[torch.linspace(-4, 4, 64)] * inputs)
         assert code and all("#pragma omp parallel" in c for c in code), kernel.__name__

@@ -172,3 +172,73 @@ def test_a_compiled_model_traces_f_linear_in_one_graph(monkeypatch: pytest.Monke
     assert not calls
     model(images).sum().backward()  # the same call eagerly does run them
     assert len(calls) == 10
+
+
+def mlp_step(model: nn.Module, autocast: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+    """Loss, every gradient, and the bytes autograd keeps for the backward pass (each storage once)."""
+    torch.manual_seed(1)
+    images, labels = torch.randn(MIN_ROWS // 64, 3, 32, 32), torch.randint(0, 5, (MIN_ROWS // 64,))
+    storages: dict[int, int] = {}
+
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    model.zero_grad(set_to_none=True)
+    with (
+        torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t),
+        torch.autocast("cpu", torch.bfloat16, enabled=autocast),
+    ):
+        loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, sum(storages.values())
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_the_mlp_recomputes_its_gelu_for_the_backward_pass_with_the_same_gradients(autocast: bool) -> None:
+    """In training the MLP's second layer and its GELU run as one function that keeps the GELU's input alone: the
+    loss and every gradient bit for bit those of the two called apart, and one hidden activation less kept."""
+    from vitkit.models.common import Mlp
+
+    # 32 images of 65 tokens: 2,080 rows, 1.06M fp32 hidden activations (the fp32 kernels' threshold is 2^20)
+    cfg = dict(img_size=32, patch_size=4, width=MIN_SIDE, depth=2, num_heads=2, mlp_dim=4 * MIN_SIDE, num_classes=5)
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_ti16", **cfg).train()
+    loss, grads, kept = mlp_step(model, autocast)
+    for mlp in (m for m in model.modules() if isinstance(m, Mlp)):
+        mlp.act.register_forward_hook(lambda *args: None)  # a hook: the GELU's call is made, and the two stay apart
+    loss_apart, grads_apart, kept_apart = mlp_step(model, autocast)
+    assert torch.equal(loss, loss_apart)
+    for name, g in grads_apart.items():
+        assert torch.equal(grads[name], g), name
+    # block 0's GELU output (block 1 computes the class token alone: 32 rows, below oneDNN's and the kernels' sizes)
+    assert kept_apart - kept == MIN_ROWS // 64 * 65 * 4 * MIN_SIDE * (2 if autocast else 4)
+
+
+def test_where_the_gelu_and_the_layer_stay_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vitkit.models.common import Mlp
+
+    fused: list[int] = []
+    apply = linear_mod._GeluLinear.apply
+    monkeypatch.setattr(linear_mod._GeluLinear, "apply", lambda *args: fused.append(1) or apply(*args))
+    x = torch.randn(4, MIN_ROWS // 4, MIN_SIDE, requires_grad=True)
+
+    def runs_fused(mlp: Mlp, x: torch.Tensor = x, autocast: bool = True) -> bool:
+        fused.clear()
+        with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+            mlp(x).float().sum().backward()
+        return bool(fused)
+
+    def mlp(**kwargs) -> Mlp:
+        return Mlp(MIN_SIDE, 2 * MIN_SIDE, **kwargs).train()
+
+    assert runs_fused(mlp())
+    assert not runs_fused(mlp().eval())  # eval mode: the GELU runs ATen's kernel
+    assert not runs_fused(mlp(drop=0.1))  # dropout between the GELU and fc2
+    assert not runs_fused(mlp(gelu="exact"))
+    assert not runs_fused(mlp(), x[:, : MIN_ROWS // 8])  # fewer rows than oneDNN's threshold
+    assert not runs_fused(mlp(), autocast=False)  # fp32, below the fp32 kernels' size
+    for part in ("act", "fc2", "drop"):
+        hooked = mlp()
+        getattr(hooked, part).register_forward_pre_hook(lambda *args: None)
+        assert not runs_fused(hooked), part

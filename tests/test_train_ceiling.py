@@ -16,7 +16,9 @@ from vitkit.device import bf16_is_fast
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_ceiling.py"
 
 
-def _profiled_products(script, dtype: str, attn: str, img: int, batch: int) -> tuple[dict, dict[str, int]]:
+def _profiled_products(
+    script, dtype: str, attn: str, img: int, batch: int, compile: str = "none"
+) -> tuple[dict, dict[str, int]]:
     cfg = BenchConfig(
         model="vit_ti16",
         img_size=img,
@@ -25,6 +27,7 @@ def _profiled_products(script, dtype: str, attn: str, img: int, batch: int) -> t
         attn=attn,
         mode="train",
         device="cpu",
+        compile=compile,
         overrides={"depth": 2},
     )
     model = build_model(cfg, torch.device("cpu"))
@@ -57,6 +60,18 @@ def test_the_products_found_are_the_flops_the_step_counts_forward_and_backward(s
     kernels = {group.split(" ", 1)[1] for group in products}
     assert ("SDPA kernels" in kernels) == (attn == "sdpa")
     assert ("oneDNN linear" in kernels) == (img == 224)
+
+
+def test_a_compiled_steps_products_are_its_count_too(script):
+    """Through torch.compile the products stay library calls, which the breakdown finds and counts as eagerly, but
+    for the class-token block's attention: one query a head, which inductor computes as a reduction of its own."""
+    products, flops = _profiled_products(script, "fp32", "explicit", 32, 2, compile="default")
+    forward = sum(f for group, (_, f) in products.items() if group.startswith("forward "))
+    backward = sum(f for group, (_, f) in products.items() if group.startswith("backward "))
+    tokens, width = (32 // 16) ** 2 + 1, 192  # vit_ti16 at 32 px
+    class_token_attention = 2 * 2 * tokens * width  # q k^T and p v for the one query, every head: 2 FLOPs a term
+    assert forward == (flops["total"] - class_token_attention) * 2
+    assert backward == (2 * flops["total"] - flops["patch_embed"] - 2 * class_token_attention) * 2
 
 
 def test_attention_kernels_count_queries_against_keys(script):

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .gelu import GELU
-from .linear import dense
+from .linear import dense, gelu_dense, unhooked
 
 C = TypeVar("C")
 
@@ -84,7 +84,12 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.drop(dense(self.fc2, self.drop(self.act(dense(self.fc1, x)))))
+        h = dense(self.fc1, x)
+        if not (self.training and self.drop.p) and unhooked(self.drop):  # nothing between the GELU and fc2: in
+            y = gelu_dense(self.act, self.fc2, h)  # training on a CPU, one function keeping h alone for backward
+            if y is not None:
+                return self.drop(y)
+        return self.drop(dense(self.fc2, self.drop(self.act(h))))
 
 
 def zero_head(in_features: int, num_classes: int) -> nn.Module:

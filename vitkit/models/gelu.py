@@ -22,6 +22,10 @@ fast vectorised exp instead:
   with the ops around them (int8 ViT-B/16, compiled: 1.06-1.09x at batch 1, 8 and 64).
 
 Elsewhere (smaller fp32 tensors, eager inference, other devices) it is nn.GELU as it is.
+
+A third kernel computes the gradient and the GELU itself in one pass, for the MLP's second layer
+(``vitkit.models.linear.gelu_dense``), which reads the GELU's output for its weight's gradient and so need not
+keep it from the forward pass: both outputs are those of the other two kernels, bit for bit.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import functools
 import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,14 +57,24 @@ def _forward(x: torch.Tensor) -> torch.Tensor:
     return (xf * _gate(xf)).to(x.dtype)
 
 
+def _gradient(grad: torch.Tensor, xf: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """grad times d/dx x s(u) = s + x s (1 - s) u', u = C2 (x + a x^3), u' = C2 (1 + 3 a x^2); xf, s in fp32."""
+    return grad.float() * (s + xf * s * (1 - s) * _C2 * (1 + 3 * _A * xf * xf))
+
+
 def _backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """d/dx x s(u) = s + x s (1 - s) u', u = C2 (x + a x^3), u' = C2 (1 + 3 a x^2)."""
+    xf = x.float()
+    return _gradient(grad, xf, _gate(xf)).to(x.dtype)
+
+
+def _backward_and_output(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """_backward(grad, x) and _forward(x), the gate computed once for both."""
     xf = x.float()
     s = _gate(xf)
-    return (grad.float() * (s + xf * s * (1 - s) * _C2 * (1 + 3 * _A * xf * xf))).to(x.dtype)
+    return _gradient(grad, xf, s).to(x.dtype), (xf * s).to(x.dtype)
 
 
-def _compile(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn compiled for flat tensors of any length, its loop split over the threads torch runs at call time.
 
     Inductor decides at compile time whether a loop is worth splitting, from the sizes of the first call, and
@@ -71,59 +86,86 @@ def _compile(fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     return torch.compile(fn, dynamic=True, options={"cpp.dynamic_threads": True})
 
 
-@functools.cache
-def _kernels(dtype: torch.dtype) -> tuple[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] | None:
-    """The two kernels compiled for flat tensors of dtype and any length; None where torch.compile cannot build
-    them."""
-    forward, backward = _compile(_forward), _compile(_backward)
-    probe = torch.linspace(-4, 4, 64, dtype=dtype)
-    try:  # compiles both now, for every length: a missing compiler shows here, not inside a training step
-        _run(forward, probe)
-        _run(backward, probe, probe)
-    except Exception as e:  # noqa: BLE001 - any failure to build leaves ATen's kernel, which computes the same
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        warnings.warn(
-            f"the {_NAMES[dtype]} tanh-GELU kernel could not be compiled ({first}); using ATen's", stacklevel=4
-        )
-        return None
-    return forward, backward
-
-
-def _run(kernel: Callable[..., torch.Tensor], *tensors: torch.Tensor) -> torch.Tensor:
+def _run(kernel: Callable[..., Any], *tensors: torch.Tensor) -> Any:
     flat = [t.contiguous().view(-1).detach() for t in tensors]  # not a view: its base's shape would be guarded on
     with torch.no_grad(), torch.autocast("cpu", enabled=False):  # one compiled variant for every caller's state
         return kernel(*flat)
 
 
+@dataclass(frozen=True)
+class Kernels:
+    """The compiled kernels of one dtype, each run on flat tensors whatever the caller's shape."""
+
+    flat_forward: Callable[..., torch.Tensor]
+    flat_backward: Callable[..., torch.Tensor]
+    flat_backward_and_output: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _run(self.flat_forward, x).view(x.shape)
+
+    def backward(self, grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        return _run(self.flat_backward, grad, x).view(x.shape)
+
+    def backward_and_output(self, grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x's gradient and the GELU of x, as backward(grad, x) and forward(x) give them, in one pass."""
+        dx, y = _run(self.flat_backward_and_output, grad, x)
+        return dx.view(x.shape), y.view(x.shape)
+
+
+@functools.cache
+def _kernels(dtype: torch.dtype) -> Kernels | None:
+    """The kernels compiled for flat tensors of dtype and any length; None where torch.compile cannot build them."""
+    kernels = Kernels(_compile(_forward), _compile(_backward), _compile(_backward_and_output))
+    probe = torch.linspace(-4, 4, 64, dtype=dtype)
+    try:  # compiles them now, for every length: a missing compiler shows here, not inside a training step
+        kernels.forward(probe)
+        kernels.backward(probe, probe)
+        kernels.backward_and_output(probe, probe)
+    except Exception as e:  # noqa: BLE001 - any failure to build leaves ATen's kernel, which computes the same
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        warnings.warn(
+            f"the {_NAMES[dtype]} tanh-GELU kernel could not be compiled ({first}); using ATen's", stacklevel=5
+        )
+        return None
+    return kernels
+
+
 class _GeluTanh(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, kernels: Any) -> torch.Tensor:
+    def forward(ctx: Any, x: torch.Tensor, kernels: Kernels) -> torch.Tensor:
         ctx.save_for_backward(x)
-        ctx.backward_kernel = kernels[1]
-        return _run(kernels[0], x).view(x.shape)
+        ctx.kernels = kernels
+        return kernels.forward(x)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
-        return _run(ctx.backward_kernel, grad, x).view(x.shape), None
+        return ctx.kernels.backward(grad, x), None
+
+
+def training_kernels(x: torch.Tensor, training: bool = True) -> Kernels | None:
+    """The kernels gelu_tanh runs on x, None where it runs something else: on a CPU, outside a traced graph, in
+    training (``training`` and autograd recording), in bf16 and in fp32 from FP32_MIN_NUMEL elements, where they
+    compile."""
+    if x.device.type != "cpu" or torch.compiler.is_compiling():
+        return None
+    large = x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and x.numel() >= FP32_MIN_NUMEL)
+    if not (large and training and x.requires_grad and torch.is_grad_enabled()):
+        return None
+    return _kernels(x.dtype)
 
 
 def gelu_tanh(x: torch.Tensor, training: bool = True) -> torch.Tensor:
-    """The tanh-approximated GELU; on a CPU, in a traced graph as the sigmoid form, and in training (``training``
-    and autograd recording it) through the kernels above, in bf16 and in fp32 from FP32_MIN_NUMEL elements.
+    """The tanh-approximated GELU; on a CPU, in a traced graph as the sigmoid form, and in training through the
+    kernels above (training_kernels says where).
 
     Eager inference keeps ATen's kernel: a first call would otherwise wait seconds for the kernels to compile, for
     a few percent of a forward pass (vitkit's own fast path fuses the GELU into the matmul before it).
     """
-    if x.device.type != "cpu":
-        return F.gelu(x, approximate="tanh")
-    if torch.compiler.is_compiling():  # in a compiled model, any precision: inductor fuses this form with its
-        return _forward(x)  # neighbours, and lowers tanh itself to the same slow routine as ATen
-    large = x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and x.numel() >= FP32_MIN_NUMEL)
-    if not (large and training and x.requires_grad and torch.is_grad_enabled()):
-        return F.gelu(x, approximate="tanh")
-    kernels = _kernels(x.dtype)
+    if x.device.type == "cpu" and torch.compiler.is_compiling():  # in a compiled model, any precision: inductor
+        return _forward(x)  # fuses this form with its neighbours, and lowers tanh itself as slowly as ATen
+    kernels = training_kernels(x, training)
     if kernels is None:
         return F.gelu(x, approximate="tanh")
     return _GeluTanh.apply(x, kernels)
@@ -135,3 +177,8 @@ class GELU(nn.GELU):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gelu_tanh(x, self.training) if self.approximate == "tanh" else F.gelu(x)
+
+    def kernels(self, x: torch.Tensor) -> Kernels | None:
+        """The compiled kernels this module's call would run on x; None where it runs another (exact GELU, inference,
+        ...: see training_kernels)."""
+        return training_kernels(x, self.training) if self.approximate == "tanh" else None
