@@ -76,6 +76,19 @@ def _param_grads(ctx: Any, grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
     return gw, gb
 
 
+def _input_grad(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """g W. In fp32 through oneDNN reading W^T in place; in bf16 torch's matmul, on oneDNN already; and with
+    create_graph=True (a gradient of the gradient) torch's matmul, which records it."""
+    if weight.dtype == torch.float32 and not torch.is_grad_enabled():
+        return _matmul(grad, weight.t(), None, pack=False)
+    return grad.matmul(weight)
+
+
+def _in_dtypes(grads: tuple[torch.Tensor | None, ...], dtypes: tuple[torch.dtype | None, ...]) -> tuple:
+    """Each gradient in its input's dtype, as autocast's casts give them."""
+    return tuple(None if g is None else g.to(dtype) for g, dtype in zip(grads, dtypes, strict=True))
+
+
 class _OneDnnLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -87,9 +100,7 @@ class _OneDnnLinear(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         grad = grad.contiguous()
-        gx = None
-        if ctx.needs_input_grad[0]:  # with create_graph=True (a gradient of the gradient) in differentiable ops
-            gx = grad.matmul(weight) if torch.is_grad_enabled() else _matmul(grad, weight.t(), None, pack=False)
+        gx = _input_grad(grad, weight) if ctx.needs_input_grad[0] else None
         return gx, *_param_grads(ctx, grad, x)
 
 
@@ -110,12 +121,8 @@ class _OneDnnLinearAutocast(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         xb, wb = ctx.saved_tensors
         grad = grad.to(torch.bfloat16).contiguous()
-        gx = grad.matmul(wb) if ctx.needs_input_grad[0] else None  # bf16 products run on oneDNN already
-        # each gradient in its input's dtype, as autocast's casts give them
-        return tuple(
-            None if g is None else g.to(dtype)
-            for g, dtype in zip((gx, *_param_grads(ctx, grad, xb)), ctx.dtypes, strict=True)
-        )
+        gx = _input_grad(grad, wb) if ctx.needs_input_grad[0] else None
+        return _in_dtypes((gx, *_param_grads(ctx, grad, xb)), ctx.dtypes)
 
 
 def unhooked(module: nn.Module) -> bool:
@@ -142,7 +149,7 @@ class _GeluLinear(torch.autograd.Function):
     def forward(
         ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: Kernels, autocast: bool
     ) -> torch.Tensor:
-        ctx.kernels, ctx.autocast, ctx.has_bias = kernels, autocast, bias is not None
+        ctx.kernels, ctx.has_bias = kernels, bias is not None
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         x = kernels.forward(h)
         if autocast:
@@ -156,11 +163,9 @@ class _GeluLinear(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         h, weight = ctx.saved_tensors
         grad = grad.to(weight.dtype).contiguous()
-        # the GELU output's gradient as _OneDnnLinearAutocast's and _OneDnnLinear's input gradients, in its dtype
-        gx = grad.matmul(weight) if ctx.autocast else _matmul(grad, weight.t(), None, pack=False)
-        gh, x = ctx.kernels.backward_and_output(gx.to(h.dtype), h)
-        param_grads = _param_grads(ctx, grad, x.to(weight.dtype))
-        return gh, *(None if g is None else g.to(d) for g, d in zip(param_grads, ctx.dtypes, strict=True)), None, None
+        # the GELU output's gradient as the two layers above give it, in the GELU's dtype
+        gh, x = ctx.kernels.backward_and_output(_input_grad(grad, weight).to(h.dtype), h)
+        return gh, *_in_dtypes(_param_grads(ctx, grad, x.to(weight.dtype)), ctx.dtypes), None, None
 
 
 def _plain(layer: nn.Module) -> bool:
