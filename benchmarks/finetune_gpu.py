@@ -2,6 +2,7 @@
 
     python benchmarks/finetune_gpu.py --out /tmp/ft                 # ~4,000 images, 300 steps of 128, bf16, compiled
     python benchmarks/finetune_gpu.py --out /tmp/ft --steps 20 --images 800 --workers 4    # a quick look
+    python benchmarks/finetune_gpu.py --out /tmp/ft --sample-stacks     # and where the main thread's time goes
 
 1. The data: ``--images`` JPEGs (quality 90, 320 px) of vitkit's procedural shapes (10 classes, see
    vitkit.data.procedural) written as ``root/<class>/<n>.jpg``, so that the run decodes, crops and flips JPEGs as
@@ -21,8 +22,11 @@ the loss curve; the run directory (metrics.jsonl, loss.png, the checkpoint) stay
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import statistics
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
@@ -81,6 +85,59 @@ def loader_rate(dataset: torch.utils.data.Dataset, batch: int, workers: int, bat
     return batches * batch / (time.perf_counter() - start)
 
 
+class StackSampler:
+    """Where the main thread's wall time goes during training: a second thread reads the main thread's stack every
+    ``interval`` seconds and counts it by its innermost vitkit line and its innermost frame, once the run is at step
+    ``from_step`` or later (past compilation); the GPU's utilisation (NVML, the share of time a kernel ran) is read
+    every 20th sample."""
+
+    def __init__(self, interval: float = 0.002, from_step: int = 20) -> None:
+        self.interval, self.from_step = interval, from_step
+        self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.utilisation: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        main, n = threading.main_thread().ident or 0, 0
+        while not self._stop.wait(self.interval):
+            frame = sys._current_frames().get(main)  # noqa: SLF001 - the sampler's whole purpose
+            where, inner, step = "", "", -1
+            f = frame
+            if f is not None:
+                inner = f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}"
+            while f is not None:
+                name = f.f_code.co_filename
+                if not where and "/vitkit/" in name and "benchmarks" not in name:
+                    where = f"{name.split('/vitkit/')[-1]}:{f.f_lineno} {f.f_code.co_name}"
+                if f.f_code.co_name == "train_one_epoch" and step < 0:
+                    step = getattr(f.f_locals.get("self"), "step", -1)
+                f = f.f_back
+            if step >= self.from_step:
+                self.counts[(where, inner)] += 1
+                n += 1
+                if n % 20 == 0:
+                    self.utilisation.append(torch.cuda.utilization())
+
+    def report(self, top: int = 15) -> str:
+        total = sum(self.counts.values())
+        if not total:
+            return "stack samples: none (the run ended before the sampled steps)"
+        gpu = f"{statistics.mean(self.utilisation):.0f}%" if self.utilisation else "n/a"
+        lines = [f"main thread, {total} samples from step {self.from_step}; GPU busy (NVML) {gpu} of that time"]
+        for (where, inner), count in self.counts.most_common(top):
+            lines.append(f"{count / total:6.1%}  {where or '(outside vitkit)'}  <- {inner}")
+        return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
@@ -89,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--workers", type=int, default=14, help="DataLoader processes (default 14 of 16 cores)")
     p.add_argument("--checkpoint", type=Path, help="an official .npz (default: a random ViT-B/16 written here)")
+    p.add_argument("--sample-stacks", action="store_true", help="print where the training loop's time goes")
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak for MFU (default: the GPU's datasheet figure)")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
@@ -117,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     rate = loader_rate(train_set, args.batch, args.workers, batches=20)
     print(f"input pipeline alone: {rate:,.0f} img/s with {args.workers} workers (batch {args.batch})", flush=True)
 
-    result = train(cfg)
+    sampler = StackSampler() if args.sample_stacks else contextlib.nullcontext()
+    with sampler:
+        result = train(cfg)
     records = MetricsLog(result.run_dir).records()
     steps = [r for r in records if r["kind"] == "train"]
     trained = statistics.median(r["images_per_s"] for r in steps[1:]) if len(steps) > 1 else float("nan")
@@ -137,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             evals = ", ".join(f"{k} {v:.4g}" for k, v in r.items() if k.startswith("eval_"))
             print(f"{r['step']:>4}  {'':<23}| {evals}")
     print("final: " + ", ".join(f"{k} {v:.4g}" for k, v in result.metrics.items()))
+    if isinstance(sampler, StackSampler):
+        print(sampler.report())
     return 0
 
 

@@ -327,7 +327,8 @@ def test_two_nodes_see_every_sample_once_and_agree(tmp_path):
         port = s.getsockname()[1]
     procs = []
     for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": "0"}
+        path = os.pathsep.join(part for part in (str(REPO), os.environ.get("PYTHONPATH", "")) if part)
+        env = {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": "0"}
         env.update({"WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         out = tmp_path / f"rank{rank}.json"
         cmd = [sys.executable, "-c", WORKER, json.dumps(doc), str(out)]

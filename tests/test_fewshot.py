@@ -211,6 +211,35 @@ def test_one_evaluation_loop_scores_every_kind_of_data_alike():
     assert [len(y) for _, y in pairs] == [10, 10, 3] and torch.equal(torch.cat([x for x, _ in pairs]), images)
 
 
+class _WorkerItems(torch.utils.data.Dataset):
+    """Item i is (image i, the id of the worker that read it)."""
+
+    def __init__(self, images: torch.Tensor) -> None:
+        self.images = list(images)  # a list: not the sliced in-memory path
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        info = torch.utils.data.get_worker_info()
+        return self.images[i], -1 if info is None else info.id
+
+
+def test_workers_each_load_a_share_of_every_evaluation_batch_and_the_batches_are_the_same():
+    from vitkit.evaluate.loop import batches
+
+    images = torch.randn(23, 3, 4, 4)
+    alone = list(batches(_WorkerItems(images), 8, dtype=torch.float64))
+    assert [len(x) for x, _ in alone] == [8, 8, 7] and all(bool((w == -1).all()) for _, w in alone)
+    for workers in (2, 3):
+        shared = list(batches(_WorkerItems(images), 8, dtype=torch.float64, num_workers=workers))
+        assert [len(x) for x, _ in shared] == [8, 8, 7]
+        assert all(torch.equal(a, b) for (a, _), (b, _) in zip(alone, shared, strict=True))
+        assert all(x.dtype == torch.float64 for x, _ in shared)
+        # chunks of ceil(8 / workers) images in turn: every worker reads part of the first batch
+        assert set(shared[0][1].tolist()) == set(range(workers))
+
+
 def test_the_evaluation_loop_restores_the_model_when_it_fails_and_refuses_an_empty_set():
     from vitkit.errors import UserError
     from vitkit.evaluate.loop import batches, evaluating

@@ -69,9 +69,14 @@ def batches(
     num_workers: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """(images, labels) batches of data in order, on device (images cast to dtype when given); a DataLoader is
-    read as it is. An empty data set is a UserError, raised once the loop finds nothing to read."""
+    read as it is. An empty data set is a UserError, raised once the loop finds nothing to read.
+
+    A data set read by several ``num_workers`` is loaded in chunks of batch_size / num_workers images, joined into
+    batches of batch_size on the device: the same batches, with every worker decoding a share of each. Read whole,
+    a held-out set of a few batches would keep a few workers busy while the others wait."""
     device = torch.device(device)
     source: Iterable[Any]
+    chunk = batch_size
     if isinstance(data, DataLoader):
         source = data
     elif isinstance(data, (tuple, list)):
@@ -79,11 +84,32 @@ def batches(
     elif (tensors := _in_memory(data)) is not None:
         source = _slices(*tensors, batch_size)
     else:
-        source = DataLoader(data, batch_size=batch_size, num_workers=num_workers, pin_memory=device.type == "cuda")
+        chunk = -(-batch_size // max(num_workers, 1))
+        source = DataLoader(data, batch_size=chunk, num_workers=num_workers, pin_memory=device.type == "cuda")
+    pairs = (
+        (x.to(device, dtype, non_blocking=True), torch.as_tensor(y).to(device, non_blocking=True))
+        for x, y, *_ in source
+    )
     empty = True
-    for batch in source:
-        x, y = batch[0], torch.as_tensor(batch[1])
+    for pair in pairs if chunk == batch_size else _joined(pairs, batch_size):
         empty = False
-        yield x.to(device, dtype, non_blocking=True), y.to(device, non_blocking=True)
+        yield pair
     if empty:
         raise UserError("the evaluation set is empty")
+
+
+def _joined(
+    chunks: Iterable[tuple[torch.Tensor, torch.Tensor]], batch_size: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Consecutive (images, labels) chunks as batches of batch_size, in order; the last batch holds the rest."""
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
+    held = 0
+    for x, y in chunks:
+        xs, ys, held = [*xs, x], [*ys, y], held + len(x)
+        if held >= batch_size:
+            x, y = torch.cat(xs), torch.cat(ys)
+            yield x[:batch_size], y[:batch_size]
+            xs, ys, held = [x[batch_size:]], [y[batch_size:]], held - batch_size
+    if held:
+        yield torch.cat(xs), torch.cat(ys)
