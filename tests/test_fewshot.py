@@ -225,6 +225,7 @@ class _WorkerItems(torch.utils.data.Dataset):
         return self.images[i], -1 if info is None else info.id
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on a 2-core machine
 def test_workers_each_load_a_share_of_every_evaluation_batch_and_the_batches_are_the_same():
     from vitkit.evaluate.loop import batches
 
