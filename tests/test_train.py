@@ -337,6 +337,23 @@ def test_two_process_gloo_matches_one_process(tmp_path):
     assert max((a[k] - b[k]).abs().max().item() for k in a) < 1e-6
 
 
+def test_a_non_finite_gradient_with_a_finite_loss_stops_before_the_step_is_applied(tmp_path):
+    trainer = Trainer(config_from_dict(tiny(tmp_path, schedule={"steps": 6, "warmup_steps": 0})))
+    try:
+        batches = trainer.batches(0)
+        trainer.train_step(batches)
+        before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+        moments = [s["exp_avg"].clone() for s in trainer.optimizer.state.values()]
+        trainer.model.head.weight.register_hook(lambda g: g * math.inf)
+        with pytest.raises(NonFiniteLossError, match=r"non-finite gradient norm \((inf|nan)\) at step 2"):
+            trainer.train_step(batches)
+        assert trainer.step == 1
+        assert all(torch.equal(v, before[k]) for k, v in trainer.model.state_dict().items())  # nothing applied
+        assert all(torch.equal(m, s["exp_avg"]) for m, s in zip(moments, trainer.optimizer.state.values(), strict=True))
+    finally:
+        trainer.close()
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
     doc = tiny(
         tmp_path,

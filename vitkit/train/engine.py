@@ -600,12 +600,14 @@ class Trainer:
                     loss = self.objective.loss(self.train_model, x, y)
                 self.scaler.scale(loss / accum).backward()
             loss_sum += loss.detach()
-        loss_value = float(dist_utils.all_reduce_mean(loss_sum / accum, self.dist))
-        if not math.isfinite(loss_value):
-            self._stop_non_finite("loss", loss_value)
+        loss_mean = dist_utils.all_reduce_mean(loss_sum / accum, self.dist)
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.optim.grad_clip if cfg.optim.grad_clip > 0 else math.inf
-        grad_norm = float(nn.utils.clip_grad_norm_(self.params, max_norm))
+        norm = nn.utils.clip_grad_norm_(self.params, max_norm)
+        # read back together: one wait for the device a step, not two; nothing is applied before the checks
+        loss_value, grad_norm = torch.stack([loss_mean.float(), norm.float().to(loss_mean.device)]).tolist()
+        if not math.isfinite(loss_value):
+            self._stop_non_finite("loss", loss_value)
         if not math.isfinite(grad_norm) and not self.scaler.is_enabled():  # fp16: the scaler skips the step
             self._stop_non_finite("gradient norm", grad_norm)
         self.scaler.step(self.optimizer)
