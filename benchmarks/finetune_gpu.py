@@ -95,6 +95,7 @@ class StackSampler:
         self.interval, self.from_step = interval, from_step
         self.counts: collections.Counter[tuple[str, str]] = collections.Counter()
         self.utilisation: list[int] = []
+        self.read_utilisation = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -124,8 +125,11 @@ class StackSampler:
             if step >= self.from_step:
                 self.counts[(where, inner)] += 1
                 n += 1
-                if n % 20 == 0:
-                    self.utilisation.append(torch.cuda.utilization())
+                if n % 20 == 0 and self.read_utilisation:
+                    try:
+                        self.utilisation.append(torch.cuda.utilization())
+                    except (ModuleNotFoundError, RuntimeError):  # NVML (nvidia-ml-py) missing or refused
+                        self.read_utilisation = False
 
     def report(self, top: int = 15) -> str:
         total = sum(self.counts.values())
