@@ -354,6 +354,34 @@ def test_a_non_finite_gradient_with_a_finite_loss_stops_before_the_step_is_appli
         trainer.close()
 
 
+def test_a_records_images_per_s_counts_the_training_steps_not_the_evaluations_or_saves(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from vitkit.train import engine
+    from vitkit.train.metrics import MetricsLog
+
+    clock = [0.0]  # the engine's clock, moved only by the calls below
+    monkeypatch.setattr(engine, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    run = {"log_every": 2, "eval_every": 3, "save_every": 5}
+    trainer = Trainer(config_from_dict(tiny(tmp_path, schedule={"steps": 8, "warmup_steps": 0}, run=run)))
+
+    def taking(seconds, f):
+        def call(*args):
+            clock[0] += seconds
+            return f(*args)
+
+        return call
+
+    trainer.train_step = taking(1.0, trainer.train_step)  # a step takes a second, an evaluation 100, a save 1000
+    trainer.evaluate = taking(100.0, trainer.evaluate)
+    trainer.save = taking(1000.0, trainer.save)
+    trainer.fit()
+    records = [r for r in MetricsLog(trainer.run_dir).records() if r["kind"] == "train"]
+    assert [r["step"] for r in records] == [2, 4, 6, 8]  # evaluations after steps 3 and 6, a save after step 5
+    assert [r["images_per_s"] for r in records] == [16.0] * 4  # batches of 16, one a second
+    assert records[-1]["time"] == 8 + 2 * 100 + 1000  # the run's wall time keeps them
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path, capsys):
     doc = tiny(
         tmp_path,

@@ -752,7 +752,7 @@ class Trainer:
                     "epoch": self.epoch,
                     "loss": sum(self.window) / len(self.window),  # since the previous record, across a resume
                     "lr": lr_at(self.step - 1, self.total_steps, self.cfg.optim.lr, self.schedule),  # the head's
-                    "images_per_s": self.images / max(elapsed, 1e-9),  # measured by this process
+                    "images_per_s": self.images / max(elapsed, 1e-9),  # this process's steps, evaluations aside
                     "time": round(self.elapsed, 3),
                 }
                 if self.dist.is_main:
@@ -762,6 +762,7 @@ class Trainer:
                         loss=f"{record['loss']:.4f}", lr=f"{record['lr']:.2e}", img_s=f"{record['images_per_s']:.0f}"
                     )
                 self.t_window, self.images, self.window = time.perf_counter(), 0, []
+            paused = time.perf_counter()
             if run.eval_every > 0 and self.step % run.eval_every == 0 and self.step < self.total_steps:
                 self.evaluate()
                 if progress is not None:
@@ -772,6 +773,7 @@ class Trainer:
                     refresh_run_report(self.run_dir, self.t_start, self.device)
             if run.save_every > 0 and self.step % run.save_every == 0 and self.step < self.total_steps:
                 self.save()
+            self.t_window += time.perf_counter() - paused  # a record's images/s is training's: no evaluation or save
             if self._stop_requested():
                 self._stop_on_signal(progress)
 

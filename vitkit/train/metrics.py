@@ -6,6 +6,8 @@ steps and ``{"kind": "eval", "step", "epoch", "eval_loss", "eval_top1", "eval_to
 A train record's loss is the mean over the steps since the previous record (the steps before a resume kept
 in the training state); on resume the file is cut back to the resumed step, so it reads as one uninterrupted
 run: the same records with the same values, apart from the timings (``images_per_s`` is the resumed process's).
+``images_per_s`` counts the training steps since the previous record, not the evaluations or saves between them;
+``time`` is the run's wall time.
 
 With run.tensorboard the same scalars also go to run_dir/tensorboard (``train/loss``, ``train/lr``,
 ``train/images_per_s``, ``eval/<metric>``), read by TensorBoard, which is what most PyTorch users open; a resumed
