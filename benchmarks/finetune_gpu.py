@@ -85,6 +85,15 @@ def loader_rate(dataset: torch.utils.data.Dataset, batch: int, workers: int, bat
     return batches * batch / (time.perf_counter() - start)
 
 
+def outside_steps(records: list[dict], batch: int) -> float:
+    """Seconds between consecutive train records not spent in training steps: a record's images/s counts its steps
+    alone, its time the run's wall clock, so the difference is the evaluations and saves between the two."""
+    return sum(
+        (b["time"] - a["time"]) - (b["step"] - a["step"]) * batch / b["images_per_s"]
+        for a, b in zip(records, records[1:])
+    )
+
+
 class StackSampler:
     """Where the main thread's wall time goes during training: a second thread reads the main thread's stack every
     ``interval`` seconds and counts it by its innermost vitkit line and its innermost frame, once the run is at step
@@ -188,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     trained_model = load_model(result.run_dir)  # the architecture trained, whichever checkpoint it came from
     gflops = 3 * model_flops(trained_model, trained_model.config.img_size[0]) / 1e9
     print(f"run: {result.run_dir}; {result.steps_run} steps in {result.steps_s:.1f} s (compilation included)")
+    outside = outside_steps(steps, args.batch)
+    print(f"between its log records the run spent {outside:.1f} s outside its training steps (evaluations, saves)")
     print(
         f"training: {trained:,.0f} img/s (median of {len(steps) - 1} log records after the first), "
         f"MFU {trained * gflops / (args.peak_tflops * 1e3):.1%} of {args.peak_tflops:g} TFLOP/s "
