@@ -106,7 +106,9 @@ def _joined(
     ys: list[torch.Tensor] = []
     held = 0
     for x, y in chunks:
-        xs, ys, held = [*xs, x], [*ys, y], held + len(x)
+        xs.append(x)
+        ys.append(y)
+        held += len(x)
         if held >= batch_size:
             x, y = torch.cat(xs), torch.cat(ys)
             yield x[:batch_size], y[:batch_size]
