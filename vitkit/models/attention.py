@@ -1,6 +1,11 @@
 """Multi-head self-attention of the ViT blocks: a fused (SDPA) and an explicit path that agree, and relative
 position attention (paper appendix D.4) with 1-D (raster-order) or 2-D (row, column) offsets.
 
+With a relative table each block's queries also attend to learned embeddings of the offset between patches:
+``rel_pos_embed`` holds a D-wide embedding per offset (see posemb.relative_table_shape), each head reads its own
+head_dim slice of it, as it does of a token's key, and these logits q_i . r_{j-i} are added to the content logits
+q_i . k_j before the softmax. The class token has no position: pairs involving it get no relative term.
+
 The explicit path in bf16 on a CPU computes its (image, head) pairs in chunks (``chunked_attention``) where their
 probabilities would not fit in about a core's L2 cache: each chunk's logits, softmax and product with the values
 run while its probabilities are still in cache, forward and backward, rather than each step over every pair in
