@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..device import cpu_autocast_is_bf16
-from .linear import dense, linear
+from .linear import dense, linear, transformed
 from .merge import size_bias
 from .posemb import Grid, resample_relative
 
@@ -42,7 +42,7 @@ def attention_chunk(q: torch.Tensor, k: torch.Tensor, budget: int | None = CHUNK
     gain), and with no budget."""
     if budget is None or q.device.type != "cpu" or q.dtype != torch.bfloat16 or torch.compiler.is_compiling():
         return None
-    if torch.jit.is_tracing() or torch._C._are_functorch_transforms_active():
+    if transformed():
         return None
     B, nh, n, _ = q.shape
     per_pair = n * k.shape[2] * q.element_size()

@@ -173,6 +173,12 @@ def _plain(layer: nn.Module) -> bool:
     return type(layer) is nn.Linear and unhooked(layer)
 
 
+def transformed() -> bool:
+    """Whether torch.jit is tracing or a torch.func transform is active: there vitkit's own autograd functions
+    (these layers, the chunked attention) give way to torch's ops, which those see through."""
+    return torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
+
+
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls (the cases in the module's docstring)."""
     if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
@@ -189,8 +195,7 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
         and _has_onednn()
-        and not torch.jit.is_tracing()
-        and not torch._C._are_functorch_transforms_active()
+        and not transformed()
     )
 
 
