@@ -52,6 +52,7 @@ from vitkit.bench import (
     hf_peer,
     load_average,
     load_warnings,
+    logit_agreement,
     matmul_probe,
     model_flops,
     paired_ratio_stats,
@@ -127,20 +128,6 @@ def _infer(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> Callable[[], A
 
 
 # --------------------------------------------------------------------------------------------- accuracy
-def logit_agreement(want: torch.Tensor, got: Any) -> dict[str, float]:
-    """Top-1 agreement of got with want (fp32), and the max / mean |logit error| relative to max |want|."""
-    got = torch.as_tensor(got).float()
-    err = (got - want).abs()
-    scale = float(want.abs().max())
-    return {
-        "n": len(want),
-        "top1_agreement": float((got.argmax(-1) == want.argmax(-1)).float().mean()),
-        "max_err": float(err.max()),
-        "mean_err": float(err.mean()),
-        "max_abs_logit": scale,
-    }
-
-
 def switch_accuracy(model: nn.Module, images: torch.Tensor, precisions: list[str]) -> dict[str, dict]:
     """Each switch (vitkit's, and the peers' documented int8 applied to the same model) against fp32 on the same
     images, in batches of 64."""

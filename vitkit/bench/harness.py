@@ -611,6 +611,20 @@ def model_output(model: nn.Module, x: torch.Tensor, cfg: BenchConfig) -> torch.T
         return model(x).float()
 
 
+def logit_agreement(want: torch.Tensor, got: Any) -> dict[str, float]:
+    """Top-1 agreement of got with want (the fp32 logits), and the max / mean |logit error|; max_abs_logit, the
+    largest |want|, is the scale they read against."""
+    got = torch.as_tensor(got).float()
+    err = (got - want).abs()
+    return {
+        "n": len(want),
+        "top1_agreement": float((got.argmax(-1) == want.argmax(-1)).float().mean()),
+        "max_err": float(err.max()),
+        "mean_err": float(err.mean()),
+        "max_abs_logit": float(want.abs().max()),
+    }
+
+
 def check_parity(
     model: nn.Module, peers: dict[str, nn.Module], x: torch.Tensor, cfg: BenchConfig, log: Callable[[str], None]
 ) -> dict[str, float]:
