@@ -112,10 +112,10 @@ def compare(model: nn.Module, batch: int, rounds: int, compile_mode: str) -> lis
         return call
 
     times = time_alternating({k: step(fn) for k, fn in runs.items()}, rounds, warmup=1, device=torch.device("cpu"))
-    want = outputs(model.eval(), x)
+    want = outputs(model.eval(), x, batch)
     ms = {k: statistics.median(t) * 1e3 for k, t in times.items()}
     ratio = paired_ratio_stats(times["torchao"], times["vitkit"])
-    errors = {k: logit_agreement(want, outputs(fn, x)) for k, fn in runs.items()}
+    errors = {k: logit_agreement(want, outputs(fn, x, batch)) for k, fn in runs.items()}  # the shape timed
     return [
         f"  batch {batch:3d}: vitkit {ms['vitkit']:8.1f} ms, torchao {ms['torchao']:8.1f} ms; vitkit / torchao {ratio}",
         *(f"             {error_line(k, e)}" for k, e in errors.items()),
