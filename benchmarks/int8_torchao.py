@@ -1,7 +1,7 @@
 """vitkit's int8 against torchao's on the same model: the int8 switch alone, everything else alike.
 
-    python benchmarks/int8_torchao.py --digits-run runs/digits   # ViT-B/16 at batch 1, 8 and 64: about 6 min
-    python benchmarks/int8_torchao.py --batch-sizes 8 --rounds 5
+    python benchmarks/int8_torchao.py --digits-run runs/digits   # ViT-B/16 at batch 1, 8 and 64: 6 min (8 with timm)
+    PYTHONPATH=<timm> python benchmarks/int8_torchao.py --batch-sizes 8 --rounds 5   # with timm's row
 
 torchao (``pip install torchao``, in the bench and dev extras; no dependency of vitkit itself) is PyTorch's own
 quantisation library. Its dynamic int8 recipe, ``quantize_(model, Int8DynamicActivationInt8WeightConfig())``,
@@ -10,11 +10,13 @@ and its input to int8 per token at each call, the products summed in int32. Each
 same fp32 model (random weights, a random head) and both are compiled alike, with vitkit.fast.compile_for_inference
 (torch.compile with inductor freezing, what vitkit's int8 runs by default; ``--compile none`` runs both eagerly).
 What each switch does beyond the Linear layers is its own: vitkit's int8 model computes attention written out in
-bf16 where bf16 matmuls are native, torchao's keeps the model's fp32 attention. They are timed taking turns in
-one process; printed for each batch size: each one's median milliseconds a forward pass, vitkit's speed-up over
-torchao (the median of per-round paired ratios, with its 95% bootstrap interval), and each one's logit error
-against the fp32 model on the timed inputs. With ``--digits-run``, the same on a trained model: a ``vitkit train``
-run of the digits config and its 360 held-out images. Speed needs a quiet machine: the load average is checked.
+bf16 where bf16 matmuls are native, torchao's keeps the model's fp32 attention. Where timm is importable (as for
+bench_vit.py), a third row is torchao's int8 on timm's ViT holding the same weights, compiled alike: what a timm user
+gets from torchao. They are timed taking turns in one process; printed for each batch size: each one's median
+milliseconds a forward pass, vitkit's speed-up over each other row (the median of per-round paired ratios, with its
+95% bootstrap interval), and each one's logit error against the fp32 model on the timed inputs. With
+``--digits-run``, vitkit's and torchao's on a trained model: a ``vitkit train`` run of the digits config and its 360
+held-out images. Speed needs a quiet machine: the load average is checked.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib.metadata
+import importlib.util
 import statistics
 import sys
 from collections.abc import Callable
@@ -44,6 +47,7 @@ from vitkit.device import usable_cores
 from vitkit.fast import compile_for_inference, int8_kernel, optimize_for_inference, tune_cpu_allocator
 
 SWITCHES = ("vitkit", "torchao")
+TIMM = "timm+torchao"  # torchao's int8 on timm's ViT, where timm is importable
 
 
 def torchao_int8(model: nn.Module) -> nn.Module:
@@ -56,13 +60,28 @@ def torchao_int8(model: nn.Module) -> nn.Module:
     return quantised
 
 
+def torchao_switch(model: nn.Module, compile_mode: str) -> nn.Module | Callable[[torch.Tensor], torch.Tensor]:
+    """torchao's int8 copy of model, compiled as vitkit's int8 compiles (or eager with compile_mode "none")."""
+    quantised = torchao_int8(model)
+    return quantised if compile_mode == "none" else compile_for_inference(quantised, compile_mode)
+
+
 def switches(model: nn.Module, compile_mode: str) -> dict[str, Callable[[torch.Tensor], torch.Tensor]]:
     """The model through each int8 switch, compiled alike (or both eager with compile_mode "none")."""
-    ao = torchao_int8(model)
     return {
         "vitkit": optimize_for_inference(model, "int8", compile=compile_mode),
-        "torchao": ao if compile_mode == "none" else compile_for_inference(ao, compile_mode),
+        "torchao": torchao_switch(model, compile_mode),
     }
+
+
+def timm_model(model: nn.Module) -> nn.Module | None:
+    """timm's ViT holding model's weights (benchmarks/peers.py, beside this script); None where timm is not
+    importable."""
+    if importlib.util.find_spec("timm") is None:
+        return None
+    from peers import timm_peer  # beside this script, as bench_vit.py imports it
+
+    return timm_peer(model).eval()
 
 
 def outputs(fn: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, batch: int = 64) -> torch.Tensor:
@@ -74,7 +93,7 @@ def outputs(fn: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, ba
 def error_line(name: str, agreement: dict[str, float]) -> str:
     a = agreement
     return (
-        f"{name:<8} top-1 agreement {a['top1_agreement']:.2%} of {a['n']}, logit error mean {a['mean_err']:.3g} "
+        f"{name:<12} top-1 agreement {a['top1_agreement']:.2%} of {a['n']}, logit error mean {a['mean_err']:.3g} "
         f"max {a['max_err']:.3g} (|fp32 logit| up to {a['max_abs_logit']:.3g})"
     )
 
@@ -97,12 +116,16 @@ def digits(run_dir: Path) -> tuple[nn.Module, torch.Tensor]:
 
 
 def compare(model: nn.Module, batch: int, rounds: int, compile_mode: str) -> list[str]:
-    """One batch size: the two switches timed taking turns, then their logit errors on the timed inputs."""
+    """One batch size: the switches (and timm's model under torchao's, where timm is importable) timed taking turns,
+    then their logit errors on the timed inputs."""
     size = model.config.img_size
     size = size if isinstance(size, int) else size[0]
     torch.manual_seed(1)
     x = torch.randn(batch, model.config.in_chans, size, size)
     runs = switches(model, compile_mode)
+    peer = timm_model(model)
+    if peer is not None:
+        runs[TIMM] = torchao_switch(peer, compile_mode)
 
     def step(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[], Any]:
         def call() -> Any:
@@ -113,11 +136,12 @@ def compare(model: nn.Module, batch: int, rounds: int, compile_mode: str) -> lis
 
     times = time_alternating({k: step(fn) for k, fn in runs.items()}, rounds, warmup=1, device=torch.device("cpu"))
     want = outputs(model.eval(), x, batch)
-    ms = {k: statistics.median(t) * 1e3 for k, t in times.items()}
-    ratio = paired_ratio_stats(times["torchao"], times["vitkit"])
+    ms = ", ".join(f"{k} {statistics.median(t) * 1e3:.1f} ms" for k, t in times.items())
+    ratios = [f"vitkit / {k} {paired_ratio_stats(t, times['vitkit'])}" for k, t in times.items() if k != "vitkit"]
     errors = {k: logit_agreement(want, outputs(fn, x, batch)) for k, fn in runs.items()}  # the shape timed
     return [
-        f"  batch {batch:3d}: vitkit {ms['vitkit']:8.1f} ms, torchao {ms['torchao']:8.1f} ms; vitkit / torchao {ratio}",
+        f"  batch {batch:3d}: {ms}",
+        *(f"             {line}" for line in ratios),
         *(f"             {error_line(k, e)}" for k, e in errors.items()),
     ]
 
