@@ -3,7 +3,7 @@
     python benchmarks/int8_torchao.py --digits-run runs/digits   # ViT-B/16 at batch 1, 8 and 64: 6 min (8 with timm)
     PYTHONPATH=<timm> python benchmarks/int8_torchao.py --batch-sizes 8 --rounds 5   # with timm's row
 
-torchao (``pip install torchao``, in the bench and dev extras; no dependency of vitkit itself) is PyTorch's own
+torchao (``pip install torchao``, in the dev extra; no dependency of vitkit itself) is PyTorch's own
 quantisation library. Its dynamic int8 recipe, ``quantize_(model, Int8DynamicActivationInt8WeightConfig())``,
 quantises what ``optimize_for_inference(model, "int8")`` quantises: every Linear's weight to int8 per output channel
 and its input to int8 per token at each call, the products summed in int32. Each switch is applied to a copy of the
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         version = importlib.metadata.version("torchao")
     except importlib.metadata.PackageNotFoundError:
-        parser.exit(2, "torchao is not installed: pip install torchao, or the bench extra: pip install -e '.[bench]'\n")
+        parser.exit(2, "torchao is not installed: pip install torchao (make test installs it too)\n")
     if int8_kernel() != "onednn":
         parser.exit(2, "this CPU has no VNNI: vitkit's int8 runs fbgemm's kernels here, not timed by this script\n")
     batches = [int(b) for b in args.batch_sizes.split(",")]
