@@ -48,6 +48,7 @@ from torch import nn
 from vitkit.bench import (
     BenchConfig,
     BenchReport,
+    batched_logits,
     best_rows,
     hf_peer,
     load_average,
@@ -131,16 +132,15 @@ def _infer(fn: Callable[[torch.Tensor], Any], x: torch.Tensor) -> Callable[[], A
 def switch_accuracy(model: nn.Module, images: torch.Tensor, precisions: list[str]) -> dict[str, dict]:
     """Each switch (vitkit's, and the peers' documented int8 applied to the same model) against fp32 on the same
     images, in batches of 64."""
-
-    def batched(fn: Callable[[torch.Tensor], Any]) -> torch.Tensor:
-        with torch.no_grad():
-            return torch.cat([torch.as_tensor(fn(b)).float() for b in images.split(64)])
-
     model = model.eval()
-    want = batched(model)
-    out = {f"vitkit {p}": logit_agreement(want, batched(vitkit_switch(model, p, "none"))) for p in precisions}
+    want = batched_logits(model, images)
+
+    def against_fp32(fn: Callable[[torch.Tensor], Any]) -> dict[str, float]:
+        return logit_agreement(want, batched_logits(fn, images))
+
+    out = {f"vitkit {p}": against_fp32(vitkit_switch(model, p, "none")) for p in precisions}
     if "int8" in precisions:  # the peers' switch: per-tensor weights, activations over half the 8-bit range
-        out["peers' int8 (quantize_dynamic)"] = logit_agreement(want, batched(peer_switch(model, "int8", "none")))
+        out["peers' int8 (quantize_dynamic)"] = against_fp32(peer_switch(model, "int8", "none"))
     return out
 
 

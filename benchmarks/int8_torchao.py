@@ -36,6 +36,7 @@ from torch import nn
 
 from vitkit.bench import (
     BenchConfig,
+    batched_logits,
     load_average,
     load_warnings,
     logit_agreement,
@@ -84,12 +85,6 @@ def timm_model(model: nn.Module) -> nn.Module | None:
     return timm_peer(model).eval()
 
 
-def outputs(fn: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, batch: int = 64) -> torch.Tensor:
-    """fn's logits for images, in batches, without autograd."""
-    with torch.no_grad():
-        return torch.cat([torch.as_tensor(fn(b)).float() for b in images.split(batch)])
-
-
 def error_line(name: str, agreement: dict[str, float]) -> str:
     a = agreement
     return (
@@ -100,9 +95,9 @@ def error_line(name: str, agreement: dict[str, float]) -> str:
 
 def accuracy(model: nn.Module, images: torch.Tensor, compile_mode: str) -> list[str]:
     """Each switch's logits against the fp32 model's on images."""
-    want = outputs(model.eval(), images)
+    want = batched_logits(model.eval(), images)
     runs = switches(model, compile_mode)
-    return [error_line(name, logit_agreement(want, outputs(fn, images))) for name, fn in runs.items()]
+    return [error_line(name, logit_agreement(want, batched_logits(fn, images))) for name, fn in runs.items()]
 
 
 def digits(run_dir: Path) -> tuple[nn.Module, torch.Tensor]:
@@ -135,10 +130,10 @@ def compare(model: nn.Module, batch: int, rounds: int, compile_mode: str) -> lis
         return call
 
     times = time_alternating({k: step(fn) for k, fn in runs.items()}, rounds, warmup=1, device=torch.device("cpu"))
-    want = outputs(model.eval(), x, batch)
+    want = batched_logits(model.eval(), x, batch)
     ms = ", ".join(f"{k} {statistics.median(t) * 1e3:.1f} ms" for k, t in times.items())
     ratios = [f"vitkit / {k} {paired_ratio_stats(t, times['vitkit'])}" for k, t in times.items() if k != "vitkit"]
-    errors = {k: logit_agreement(want, outputs(fn, x, batch)) for k, fn in runs.items()}  # the shape timed
+    errors = {k: logit_agreement(want, batched_logits(fn, x, batch)) for k, fn in runs.items()}  # the shape timed
     return [
         f"  batch {batch:3d}: {ms}",
         *(f"             {line}" for line in ratios),

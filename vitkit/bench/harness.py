@@ -611,6 +611,12 @@ def model_output(model: nn.Module, x: torch.Tensor, cfg: BenchConfig) -> torch.T
         return model(x).float()
 
 
+def batched_logits(fn: Callable[[torch.Tensor], Any], images: torch.Tensor, batch: int = 64) -> torch.Tensor:
+    """fn's outputs for images as fp32 logits, ``batch`` images a call, without autograd."""
+    with torch.no_grad():
+        return torch.cat([torch.as_tensor(fn(b)).float() for b in images.split(batch)])
+
+
 def logit_agreement(want: torch.Tensor, got: Any) -> dict[str, float]:
     """Top-1 agreement of got with want (the fp32 logits), and the max / mean |logit error|; max_abs_logit, the
     largest |want|, is the scale they read against."""
