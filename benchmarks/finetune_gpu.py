@@ -119,26 +119,33 @@ class StackSampler:
     def _run(self) -> None:
         main, n = threading.main_thread().ident or 0, 0
         while not self._stop.wait(self.interval):
-            frame = sys._current_frames().get(main)  # noqa: SLF001 - the sampler's whole purpose
-            where, inner, step = "", "", -1
-            f = frame
-            if f is not None:
-                inner = f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}"
-            while f is not None:
-                name = f.f_code.co_filename
-                if not where and "/vitkit/" in name and "benchmarks" not in name:
-                    where = f"{name.split('/vitkit/')[-1]}:{f.f_lineno} {f.f_code.co_name}"
-                if f.f_code.co_name == "train_one_epoch" and step < 0:
-                    step = getattr(f.f_locals.get("self"), "step", -1)
-                f = f.f_back
-            if step >= self.from_step:
-                self.counts[(where, inner)] += 1
+            sample = self._sample(main)  # its frame objects die with its call, before the wait
+            if sample is not None:
+                self.counts[sample] += 1
                 n += 1
                 if n % 20 == 0 and self.read_utilisation:
                     try:
                         self.utilisation.append(torch.cuda.utilization())
                     except (ModuleNotFoundError, RuntimeError):  # NVML (nvidia-ml-py) missing or refused
                         self.read_utilisation = False
+
+    def _sample(self, main: int) -> tuple[str, str] | None:
+        """(innermost vitkit line, innermost frame) of the main thread, or None before ``from_step``. A frame object
+        held keeps every local of its function alive after it returns: none may outlive this call, or a tensor
+        freed in one training step and not in another breaks CUDA graphs (run.compile=reduce-overhead), whose
+        replays rely on each step's tensors dying where they died when the graph was recorded."""
+        f = sys._current_frames().get(main)  # noqa: SLF001 - the sampler's whole purpose
+        where, inner, step = "", "", -1
+        if f is not None:
+            inner = f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}"
+        while f is not None:
+            name = f.f_code.co_filename
+            if not where and "/vitkit/" in name and "benchmarks" not in name:
+                where = f"{name.split('/vitkit/')[-1]}:{f.f_lineno} {f.f_code.co_name}"
+            if f.f_code.co_name == "train_one_epoch" and step < 0:
+                step = getattr(f.f_locals.get("self"), "step", -1)
+            f = f.f_back
+        return (where, inner) if step >= self.from_step else None
 
     def report(self, top: int = 15) -> str:
         total = sum(self.counts.values())
@@ -159,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--workers", type=int, default=14, help="DataLoader processes (default 14 of 16 cores)")
     p.add_argument("--checkpoint", type=Path, help="an official .npz (default: a random ViT-B/16 written here)")
+    p.add_argument("--compile", default="true", help='run.compile: true, or a mode ("reduce-overhead": CUDA graphs)')
     p.add_argument("--sample-stacks", action="store_true", help="print where the training loop's time goes")
     p.add_argument("--peak-tflops", type=float, help="dense bf16 peak for MFU (default: the GPU's datasheet figure)")
     args = p.parse_args(argv)
@@ -175,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
         f"optim.batch_size={args.batch}",
         f"schedule.steps={args.steps}",
         "run.amp=bf16",
-        "run.compile=true",
+        f"run.compile={args.compile}",
         "run.device=cuda",
         f"data.num_workers={args.workers}",
         "run.log_every=10",

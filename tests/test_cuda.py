@@ -99,20 +99,23 @@ def test_reduce_overhead_results_survive_the_next_call(precision):
 
 @pytest.mark.parametrize("amp, rtol", [("none", 1e-4), ("bf16", 2e-2)])
 def test_a_compiled_training_step_matches_eager(tmp_path, amp, rtol):
-    """run.compile=true trains to eager's losses, in fp32 and in bf16 autocast: the first step's forward, and the
-    second's after a compiled backward and SGD update. The head is made random, as a zero head gives log K for
+    """run.compile=true, and run.compile=reduce-overhead (CUDA graphs: warmed up at the first step, recorded at the
+    second, replayed from the third), train to eager's losses, in fp32 and in bf16 autocast: four steps, each but
+    the first after a compiled backward and SGD update. The head is made random, as a zero head gives log K for
     any model."""
     losses = {}
-    for mode in ("eager", "compiled"):
-        overrides = [f"run.amp={amp}", f"run.compile={mode == 'compiled'}", "optim.name=sgd", "optim.lr=0.1"]
-        trainer = Trainer(fixed_batch(tmp_path, f"{amp}-{mode}", *overrides))
+    for compile_ in ("false", "true", "reduce-overhead"):
+        overrides = [f"run.amp={amp}", f"run.compile={compile_}", "optim.name=sgd", "optim.lr=0.1"]
+        trainer = Trainer(fixed_batch(tmp_path, f"{amp}-{compile_}", *overrides))
         try:
             head = trainer.model.head.weight
             with torch.no_grad():
                 head.copy_(0.2 * torch.randn(head.shape, generator=torch.Generator().manual_seed(0)))
             batches = trainer.batches(0)
-            losses[mode] = [trainer.train_step(batches) for _ in range(2)]
+            losses[compile_] = [trainer.train_step(batches) for _ in range(4)]
         finally:
             trainer.close()
-    assert abs(losses["eager"][0] - math.log(4)) > 1e-2  # a random head: the loss depends on the whole forward
-    assert losses["compiled"] == pytest.approx(losses["eager"], rel=rtol)
+    assert abs(losses["false"][0] - math.log(4)) > 1e-2  # a random head: the loss depends on the whole forward
+    assert len(set(losses["false"])) == 4  # every step changed the weights
+    assert losses["true"] == pytest.approx(losses["false"], rel=rtol)
+    assert losses["reduce-overhead"] == pytest.approx(losses["false"], rel=rtol)

@@ -23,6 +23,7 @@ import yaml
 from vitkit.checkpoint.native import read_native
 from vitkit.checkpoint.official import vitkit_to_official
 from vitkit.cli import main as cli_main
+from vitkit.errors import UserError
 from vitkit.models import create_model, model_from_config
 from vitkit.train import (
     STATE_NAME,
@@ -111,7 +112,8 @@ def test_config_overrides_are_typed():
         ("optm.lr=1", "did you mean optim"),
         ("optim.lr=fast", "optim.lr='fast': expected a number"),
         ("optim.batch_size=1.5", "expected an integer"),
-        ("run.compile=maybe", "expected a bool"),
+        ("run.plots=maybe", "expected a bool"),
+        ("run.compile=maybe", "run.compile='maybe': expected true, false or a torch.compile mode"),
         ("optim.betas=0.9", "expected 2 values"),
         ("optim.name=lamb", "expected one of adamw, adam, sgd"),
         ("lr=3", "expected section.key=value"),
@@ -595,3 +597,24 @@ def test_train_augment_none_is_no_augmentation_not_the_sources_default():
     assert load_config("digits", ["data.train_augment=none"]).data.resolve().train_augment == "none"
     assert load_config("digits", ["data.train_augment=null"]).data.resolve().train_augment == "shift"
     assert load_config("digits", ["data.root=none"]).data.root is None  # elsewhere none is still null
+
+
+@pytest.mark.parametrize("value, mode", [("false", None), ("true", "default"), ("reduce-overhead", "reduce-overhead")])
+def test_run_compile_takes_a_torch_compile_mode(tmp_path, monkeypatch, value, mode):
+    """run.compile=true compiles the training model in mode "default" with static shapes, a mode name in that mode;
+    with CUDA graphs ("reduce-overhead") each step first tells torch a new step begins, so that a replay may
+    overwrite the last step's graph outputs. A name torch.compile lacks is refused, naming the key."""
+    calls, steps_begun = [], []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: calls.append(kw) or model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: steps_begun.append(1))
+    cfg = config_from_dict(tiny(tmp_path), [f"run.compile={value}"])
+    trainer = Trainer(cfg)
+    try:
+        trainer.train_step(trainer.batches(0))
+        trainer.train_step(trainer.batches(1))
+    finally:
+        trainer.close()
+    assert calls == ([] if mode is None else [{"mode": mode, "dynamic": False}])
+    assert len(steps_begun) == (2 if mode == "reduce-overhead" else 0)
+    with pytest.raises(UserError, match=r"run.compile='fast': expected true, false or a torch.compile mode"):
+        config_from_dict(tiny(tmp_path), ["run.compile=fast"])

@@ -373,6 +373,8 @@ def make_step(
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type in ("cpu", "cuda"))
 
     def train() -> torch.Tensor:
+        if cfg.compile == "reduce-overhead":  # a new step: the CUDA graphs' last outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         with _autocast(cfg, device):
             loss = F.cross_entropy(forward(x).float(), y)
         loss.backward()

@@ -38,6 +38,7 @@ from ..data import DataConfig
 from ..data.config import SOURCES, source_section
 from ..data.transforms import AUGMENTS
 from ..errors import ConfigError, UserError, UserFileNotFoundError
+from ..fast import COMPILE_MODES
 from ..models import ResNetConfig, ViTConfig
 from ..models.registry import MODELS, config_class, model_config, unknown_model
 from .state import STATE_NAME
@@ -46,6 +47,7 @@ OPTIMIZERS = ("adamw", "adam", "sgd")
 DECAYS = ("cosine", "linear", "constant")
 AMPS = ("none", "bf16", "fp16")
 OBJECTIVES = ("classification", "mpp")
+TRAIN_COMPILE_MODES = tuple(m for m in COMPILE_MODES if m != "none")  # run.compile's modes besides true/false
 MPP_TARGETS = ("color", "color_grid", "pixels")
 REQUIRED = "???"  # a config value the user must supply on the command line
 T = TypeVar("T")
@@ -148,7 +150,9 @@ class RunConfig:
     save_every: int = 0  # steps between checkpoints (0: only at the end)
     eval_batch_size: int = 512  # images per evaluation forward pass
     amp: str = "none"  # "bf16" autocast (CPU or CUDA), "fp16" autocast + GradScaler (CUDA)
-    compile: bool = False  # torch.compile the training model
+    # a mode: "reduce-overhead" replays CUDA graphs (for GPU steps bound by launching kernels), "max-autotune" also
+    # tunes the matrix products; true is mode "default"
+    compile: bool | str = False  # torch.compile the training model: true, false, or a torch.compile mode
     # clipping and the optimizer step then run a kernel per group rather than per tensor (vitkit.train.contiguous)
     contiguous_params: bool = False  # one buffer per optimizer group: faster for small models; not under DDP
     device: str = "auto"  # "auto": cuda if available (the local rank's GPU under torchrun), else cpu
@@ -167,6 +171,9 @@ class RunConfig:
     def __post_init__(self) -> None:
         _check_choice("run.amp", self.amp, AMPS)
         _check_choice("run.objective", self.objective, OBJECTIVES)
+        if isinstance(self.compile, str) and self.compile not in TRAIN_COMPILE_MODES:
+            modes = ", ".join(TRAIN_COMPILE_MODES)
+            raise UserError(f"run.compile={self.compile!r}: expected true, false or a torch.compile mode ({modes})")
         for key in ("threads", "log_every", "eval_every", "save_every"):
             _check_at_least(f"run.{key}", getattr(self, key), 0)
         _check_at_least("run.eval_batch_size", self.eval_batch_size, 1)

@@ -386,7 +386,8 @@ class Trainer:
         self.params = self.layout.params if self.layout is not None else list(self.model.parameters())  # clipped
         if cfg.run.compile:
             # static shapes: every training batch of a run has one shape, and shape-generic kernels are slower
-            self.train_model = cast(nn.Module, torch.compile(self.train_model, dynamic=False))  # an OptimizedModule
+            mode = "default" if cfg.run.compile is True else cfg.run.compile
+            self.train_model = cast(nn.Module, torch.compile(self.train_model, mode=mode, dynamic=False))
 
         self.run_dir = self._prepare_run_dir()
         self.state_path = self.run_dir / STATE_NAME
@@ -586,6 +587,8 @@ class Trainer:
         set_lr(self.optimizer, lr_at(step, self.total_steps, cfg.optim.lr, self.schedule))
         accum = cfg.optim.accum_steps
         loss_sum = torch.zeros((), device=self.device)
+        if cfg.run.compile == "reduce-overhead":  # a new step: the CUDA graphs' last outputs may be overwritten
+            torch.compiler.cudagraph_mark_step_begin()
         for micro in range(accum):
             x, y = next(batches)
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)

@@ -1,0 +1,186 @@
+"""Where a ViT training step's device time goes: vitkit against timm, compiled with and without CUDA graphs.
+
+    python benchmarks/train_step_gpu.py                         # ViT-B/16, batch 128, on a CUDA GPU
+    python benchmarks/train_step_gpu.py --models vit_b16,vit_l16 --modes default
+    python benchmarks/train_step_gpu.py --device cpu --models vit_s16 --depth 2 --batch 4 --modes none   # smoke test
+
+The step is the benchmark's own (vitkit.bench.harness.make_step): bf16 autocast over fp32 weights,
+cross-entropy, backward, fused AdamW. Each (library, compile mode) is built from the same weights, warmed up,
+then timed in rounds that take turns, ``--steps`` steps a round between device syncs; a row's time is the median
+round. Then torch.profiler records ``--profile-steps`` steps of each row, and its kernels are summed by kind:
+
+- gemm: cuBLAS / cuBLASLt / CUTLASS matrix products (``aten::mm``, ``addmm``, ``bmm`` on a CPU);
+- attention: the SDPA kernels (flash, cuDNN, memory-efficient), forward and backward;
+- fused: inductor's generated kernels (LayerNorm, GELU, residual adds, casts, fused into each other);
+- optimizer: the fused AdamW's multi-tensor kernels;
+- other: copies, fills, reductions and anything else.
+
+"busy" is the sum of the kernels' times over the step's wall time: where it is well under 100%, the device waits
+for the host to launch work (what CUDA graphs remove). MFU is the model's FLOPs (3x forward) per second over the
+GPU's dense bf16 datasheet peak (vitkit.bench.dense_bf16_peak); gemm TFLOP/s is the step's matrix-product FLOPs
+outside attention over the gemm kernels' time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from peers import timm_peer  # beside this script (timm is no dependency of vitkit)
+from torch import nn
+
+from vitkit.bench import BenchConfig, dense_bf16_peak, model_flops
+from vitkit.bench.flops import vit_flops
+from vitkit.bench.harness import build_model, make_step
+
+KINDS = ("gemm", "attention", "fused", "optimizer", "other")
+_PATTERNS = (
+    ("attention", re.compile(r"flash|fmha|sdpa|attention|efficient", re.I)),
+    ("optimizer", re.compile(r"multi_tensor|adam", re.I)),
+    ("gemm", re.compile(r"gemm|nvjet|cutlass|xmma|sm\d+_.*(?:tn|nt|nn)|^aten::(?:mm|addmm|bmm|linear)$", re.I)),
+    ("fused", re.compile(r"^triton_|^cpp_fused", re.I)),
+)
+
+
+def kind_of(kernel: str) -> str:
+    """The kind of one kernel (or, on a CPU, one aten op) by its name; see the module docstring."""
+    for kind, pattern in _PATTERNS:
+        if pattern.search(kernel):
+            return kind
+    return "other"
+
+
+def profile_kinds(step: Callable[[], object], device: torch.device, steps: int) -> tuple[dict[str, float], list]:
+    """Seconds a step of each kind of kernel, and the ten costliest kernels as (name, seconds a step)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CUDA] if cuda else [ProfilerActivity.CPU]
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        _sync(device)
+    per_kernel: dict[str, float] = {}
+    for e in prof.key_averages():
+        if cuda and e.device_type == DeviceType.CUDA:
+            us = e.self_device_time_total
+        elif not cuda and e.device_type == DeviceType.CPU and e.key.startswith(("aten::", "cpp_fused", "triton_")):
+            us = e.self_cpu_time_total
+        else:
+            continue
+        per_kernel[e.key] = per_kernel.get(e.key, 0.0) + us * 1e-6 / steps
+    kinds = dict.fromkeys(KINDS, 0.0)
+    for name, s in per_kernel.items():
+        kinds[kind_of(name)] += s
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1])[:10]
+    return kinds, top
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed_rounds(steps: dict[str, Callable[[], object]], device: torch.device, per_round: int, rounds: int) -> dict:
+    """Seconds a step of each row: rounds that take turns, ``per_round`` steps each; the median round."""
+    import time
+
+    seconds: dict[str, list[float]] = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(per_round):
+                step()
+            _sync(device)
+            seconds[name].append((time.perf_counter() - t0) / per_round)
+    return {name: statistics.median(s) for name, s in seconds.items()}
+
+
+def gemm_flops(model: nn.Module, img_size: int) -> float:
+    """A training step's matrix-product FLOPs an image outside attention's two products (3x forward)."""
+    f = vit_flops(model.config, img_size)
+    return 3 * (f["total"] - f["attention"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default="vit_b16")
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--modes", default="default,reduce-overhead", help="torch.compile modes, comma-separated")
+    p.add_argument("--libraries", default="vitkit,timm")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--depth", type=int, default=0, help="blocks (0: the model's own)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--steps", type=int, default=10, help="steps a timed round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--profile-steps", type=int, default=3)
+    args = p.parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("train_step_gpu.py: no CUDA GPU here (--device cpu runs it on the CPU)")
+    libraries = args.libraries.split(",")
+    if "timm" in libraries and importlib.util.find_spec("timm") is None:
+        print("timm is not importable: vitkit alone", flush=True)
+        libraries.remove("timm")
+    peak, gpu = dense_bf16_peak(device) if device.type == "cuda" else (float("nan"), "cpu")
+    print(f"{gpu}; torch {torch.__version__}; dense bf16 peak for MFU: {peak:g} TFLOP/s", flush=True)
+
+    for model_name in args.models.split(","):
+        overrides = {"depth": args.depth} if args.depth else {}
+        cfg = BenchConfig(
+            model=model_name,
+            batch_size=args.batch,
+            dtype="bf16-autocast",
+            mode="train",
+            device=args.device,
+            overrides=overrides,
+        )
+        base = build_model(cfg, device)
+        per_image = 3 * model_flops(base, cfg.img_size)
+        gemm_per_image = gemm_flops(base, cfg.img_size)
+        torch.manual_seed(1)
+        x = torch.randn(args.batch, 3, cfg.img_size, cfg.img_size, device=device)
+        y = torch.randint(0, base.config.num_classes, (args.batch,), device=device)
+        steps: dict[str, Callable[[], object]] = {}
+        for lib in libraries:
+            for mode in args.modes.split(","):
+                model = build_model(cfg, device) if lib == "vitkit" else timm_peer(build_model(cfg, device))
+                step = make_step(model, replace(cfg, compile=mode), x, y, device)
+                for _ in range(args.warmup):
+                    step()
+                _sync(device)
+                steps[f"{lib}/{mode}"] = step
+                print(f"  {model_name} {lib}/{mode}: built and warmed up", file=sys.stderr, flush=True)
+        seconds = timed_rounds(steps, device, args.steps, args.rounds)
+        print(f"\n{model_name}, training step at batch {args.batch} ({per_image / 1e9:.1f} GFLOP an image):")
+        head = f"{'row':<26}{'ms':>8}{'img/s':>9}{'MFU':>7}{'busy':>7}" + "".join(f"{k:>10}" for k in KINDS)
+        print(head + f"{'gemm TFLOP/s':>14}")
+        tops = {}
+        for name, step in steps.items():
+            kinds, tops[name] = profile_kinds(step, device, args.profile_steps)
+            s = seconds[name]
+            busy = sum(kinds.values()) / s
+            mfu = args.batch * per_image / s / (peak * 1e12)
+            gemm_rate = args.batch * gemm_per_image / kinds["gemm"] / 1e12 if kinds["gemm"] else float("nan")
+            cells = "".join(f"{kinds[k] * 1e3:>8.2f}ms" for k in KINDS)
+            print(f"{name:<26}{s * 1e3:>8.2f}{args.batch / s:>9.1f}{mfu:>7.1%}{busy:>7.1%}{cells}{gemm_rate:>14.1f}")
+        for name, top in tops.items():
+            print(f"\n{name}: costliest kernels, ms a step")
+            for kernel, s in top:
+                print(f"  {s * 1e3:8.3f}  {kind_of(kernel):<9}  {kernel[:110]}")
+        del steps
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
