@@ -7,7 +7,9 @@
 The step is the benchmark's own (vitkit.bench.harness.make_step): bf16 autocast over fp32 weights,
 cross-entropy, backward, fused AdamW. Each (library, compile mode) is built from the same weights, warmed up,
 then timed in rounds that take turns, ``--steps`` steps a round between device syncs; a row's time is the median
-round. Then torch.profiler records ``--profile-steps`` steps of each row, and its kernels are summed by kind:
+round, and each peer's rounds over vitkit's in the same mode give a paired ratio with its 95% interval
+(vitkit.bench.stats). Then torch.profiler records ``--profile-steps`` steps of each row, and its kernels are
+summed by kind:
 
 - gemm: cuBLAS / cuBLASLt / CUTLASS matrix products (``aten::mm``, ``addmm``, ``bmm`` on a CPU);
 - attention: the SDPA kernels (flash, cuDNN, memory-efficient), forward and backward;
@@ -38,6 +40,7 @@ from torch import nn
 from vitkit.bench import BenchConfig, dense_bf16_peak, model_flops
 from vitkit.bench.flops import vit_flops
 from vitkit.bench.harness import build_model, make_step
+from vitkit.bench.stats import paired_ratio_stats
 
 KINDS = ("gemm", "attention", "fused", "optimizer", "other")
 _PATTERNS = (
@@ -88,8 +91,10 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_rounds(steps: dict[str, Callable[[], object]], device: torch.device, per_round: int, rounds: int) -> dict:
-    """Seconds a step of each row: rounds that take turns, ``per_round`` steps each; the median round."""
+def timed_rounds(
+    steps: dict[str, Callable[[], object]], device: torch.device, per_round: int, rounds: int
+) -> dict[str, list[float]]:
+    """Seconds a step of each row in each round: rounds that take turns, ``per_round`` steps each."""
     import time
 
     seconds: dict[str, list[float]] = {name: [] for name in steps}
@@ -101,7 +106,7 @@ def timed_rounds(steps: dict[str, Callable[[], object]], device: torch.device, p
                 step()
             _sync(device)
             seconds[name].append((time.perf_counter() - t0) / per_round)
-    return {name: statistics.median(s) for name, s in seconds.items()}
+    return seconds
 
 
 def gemm_flops(model: nn.Module, img_size: int) -> float:
@@ -159,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                 _sync(device)
                 steps[f"{lib}/{mode}"] = step
                 print(f"  {model_name} {lib}/{mode}: built and warmed up", file=sys.stderr, flush=True)
-        seconds = timed_rounds(steps, device, args.steps, args.rounds)
+        rounds = timed_rounds(steps, device, args.steps, args.rounds)
+        seconds = {name: statistics.median(s) for name, s in rounds.items()}
         print(f"\n{model_name}, training step at batch {args.batch} ({per_image / 1e9:.1f} GFLOP an image):")
         head = f"{'row':<26}{'ms':>8}{'img/s':>9}{'MFU':>7}{'busy':>7}" + "".join(f"{k:>10}" for k in KINDS)
         print(head + f"{'gemm TFLOP/s':>14}")
@@ -172,6 +178,10 @@ def main(argv: list[str] | None = None) -> int:
             gemm_rate = args.batch * gemm_per_image / kinds["gemm"] / 1e12 if kinds["gemm"] else float("nan")
             cells = "".join(f"{kinds[k] * 1e3:>8.2f}ms" for k in KINDS)
             print(f"{name:<26}{s * 1e3:>8.2f}{args.batch / s:>9.1f}{mfu:>7.1%}{busy:>7.1%}{cells}{gemm_rate:>14.1f}")
+        for name in steps:  # each peer row against vitkit's in the same mode, round by round
+            lib, mode = name.split("/")
+            if lib != "vitkit" and f"vitkit/{mode}" in rounds:
+                print(f"vitkit/{mode} over {name}: {paired_ratio_stats(rounds[name], rounds[f'vitkit/{mode}'])}")
         for name, top in tops.items():
             print(f"\n{name}: costliest kernels, ms a step")
             for kernel, s in top:

@@ -70,3 +70,19 @@ def test_the_script_runs_on_the_cpu_and_its_columns_agree(script, capsys):
         gemm, attention, fused, optimizer, other = (float(v) for v in re.findall(r"([\d.]+)ms", kinds))
         assert gemm > 0 and optimizer > 0
         assert 0 < float(busy) <= 100
+
+
+def test_a_peer_row_gets_a_paired_ratio_against_vitkit_in_its_mode(script, monkeypatch, capsys):
+    """With a peer importable (here vitkit's own model standing in for timm's, which cannot be installed beside
+    this suite), each peer row is timed beside vitkit's and gets the paired ratio of their rounds."""
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "timm" else find_spec(name, *a)
+    )
+    monkeypatch.setattr(script, "timm_peer", lambda model: model)
+    args = ["--device", "cpu", "--models", "vit_s16", "--depth", "1", "--batch", "2", "--modes", "none"]
+    assert script.main([*args, "--warmup", "1", "--steps", "1", "--rounds", "3", "--profile-steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^timm/none\s+[\d.]+", out, re.M), out
+    (ratio,) = re.findall(r"^vitkit/none over timm/none: ([\d.]+)x \(95% CI [\d.]+-[\d.]+, .*3 rounds\)$", out, re.M)
+    assert 0.2 < float(ratio) < 5
