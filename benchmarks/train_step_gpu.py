@@ -132,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("train_step_gpu.py: no CUDA GPU here (--device cpu runs it on the CPU)")
     libraries = args.libraries.split(",")
+    if unknown := sorted(set(libraries) - {"vitkit", "timm"}):
+        raise SystemExit(f"train_step_gpu.py: --libraries {','.join(unknown)}: expected vitkit and/or timm")
     if "timm" in libraries and importlib.util.find_spec("timm") is None:
         print("timm is not importable: vitkit alone", flush=True)
         libraries.remove("timm")
