@@ -84,6 +84,17 @@ PRODUCTS: dict[str, tuple[str, Callable[[Shapes], int]]] = {
 }
 
 
+def _outer_product(shapes: Shapes) -> int | None:
+    """The FLOPs of a broadcast product (..., n, 1) x (..., 1, m), as a batched gemm over K = 1 counts them (2 n m a
+    pair): the written-out attention forms the one-row query's key and value gradients so in fp32 training
+    (vitkit.models.attention._OneRowProduct). None for any other aten::mul."""
+    if len(shapes) == 2 and len(shapes[0]) == len(shapes[1]) >= 3:
+        a, b = shapes
+        if a[-1] == 1 and b[-2] == 1 and a[:-2] == b[:-2]:
+            return 2 * math.prod(a[:-1]) * b[-1]
+    return None
+
+
 def _in_backward(event: Any) -> bool:
     """Whether a profiler event ran inside the autograd engine (a backward function)."""
     while event is not None:
@@ -106,12 +117,17 @@ def breakdown(events: Any) -> tuple[dict[str, list[float]], dict[str, float]]:
     others: dict[str, float] = defaultdict(float)
     for event in events:
         seconds = event.self_cpu_time_total / 1e6
-        if event.name in PRODUCTS:
-            kernel, flops = PRODUCTS[event.name]
+        shapes = [s for s in event.input_shapes if s]
+        outer = _outer_product(shapes) if event.name == "aten::mul" else None
+        if event.name in PRODUCTS or outer is not None:
+            if outer is not None:
+                kernel, count = "batched gemm", outer
+            else:
+                kernel, flops = PRODUCTS[event.name]
+                count = flops(shapes) if shapes else 0
             group = products[f"{'backward' if _in_backward(event) else 'forward'} {kernel}"]
             group[0] += seconds
-            shapes = [s for s in event.input_shapes if s]
-            group[1] += flops(shapes) if shapes else 0
+            group[1] += count
         elif seconds > 0:
             others[_other_name(event.name)] += seconds
     return dict(products), dict(others)
