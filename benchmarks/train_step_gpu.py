@@ -19,8 +19,9 @@ summed by kind:
 
 "busy" is the sum of the kernels' times over the step's wall time: where it is well under 100%, the device waits
 for the host to launch work (what CUDA graphs remove). MFU is the model's FLOPs (3x forward) per second over the
-GPU's dense bf16 datasheet peak (vitkit.bench.dense_bf16_peak); gemm TFLOP/s is the step's matrix-product FLOPs
-outside attention over the gemm kernels' time.
+GPU's dense bf16 datasheet peak (vitkit.bench.dense_bf16_peak); gemm TFLOP/s is the matrix-product FLOPs outside
+attention that the row's step executes (vitkit's class-token-only last block computes less) over the gemm kernels'
+time.
 """
 
 from __future__ import annotations
@@ -109,9 +110,11 @@ def timed_rounds(
     return seconds
 
 
-def gemm_flops(model: nn.Module, img_size: int) -> float:
-    """A training step's matrix-product FLOPs an image outside attention's two products (3x forward)."""
-    f = vit_flops(model.config, img_size)
+def gemm_flops(model: nn.Module, img_size: int, executed: bool) -> float:
+    """A training step's matrix-product FLOPs an image outside attention's two products (3x forward): those vitkit
+    executes (``executed``: its class-token-only last block computes one token's projection and MLP) or the whole
+    model's, which timm executes."""
+    f = vit_flops(model.config, img_size, logits_path=executed)
     return 3 * (f["total"] - f["attention"])
 
 
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         base = build_model(cfg, device)
         per_image = 3 * model_flops(base, cfg.img_size)
-        gemm_per_image = gemm_flops(base, cfg.img_size)
+        gemm_per_image = {lib: gemm_flops(base, cfg.img_size, executed=lib == "vitkit") for lib in libraries}
         torch.manual_seed(1)
         x = torch.randn(args.batch, 3, cfg.img_size, cfg.img_size, device=device)
         y = torch.randint(0, base.config.num_classes, (args.batch,), device=device)
@@ -177,7 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             s = seconds[name]
             busy = sum(kinds.values()) / s
             mfu = args.batch * per_image / s / (peak * 1e12)
-            gemm_rate = args.batch * gemm_per_image / kinds["gemm"] / 1e12 if kinds["gemm"] else float("nan")
+            gemm = args.batch * gemm_per_image[name.split("/")[0]]
+            gemm_rate = gemm / kinds["gemm"] / 1e12 if kinds["gemm"] else float("nan")
             cells = "".join(f"{kinds[k] * 1e3:>8.2f}ms" for k in KINDS)
             print(f"{name:<26}{s * 1e3:>8.2f}{args.batch / s:>9.1f}{mfu:>7.1%}{busy:>7.1%}{cells}{gemm_rate:>14.1f}")
         for name in steps:  # each peer row against vitkit's in the same mode, round by round

@@ -86,3 +86,15 @@ def test_a_peer_row_gets_a_paired_ratio_against_vitkit_in_its_mode(script, monke
     assert re.search(r"^timm/none\s+[\d.]+", out, re.M), out
     (ratio,) = re.findall(r"^vitkit/none over timm/none: ([\d.]+)x \(95% CI [\d.]+-[\d.]+, .*3 rounds\)$", out, re.M)
     assert 0.2 < float(ratio) < 5
+
+
+def test_the_gemm_rate_counts_the_products_each_library_executes(script):
+    """vitkit's class-token-only last block computes one token's query, projection and MLP: its step's products
+    outside attention are the model's less 196 tokens' worth of those in one block (3x forward), which timm
+    computes."""
+    from vitkit.models import create_model
+
+    model = create_model("vit_b16")
+    full, executed = (script.gemm_flops(model, 224, executed=e) for e in (False, True))
+    d, m, t = 768, 3072, 197
+    assert full - executed == 3 * (t - 1) * (2 * d * d + 2 * d * d + 2 * 2 * d * m)  # q, proj, MLP
