@@ -119,17 +119,18 @@ def breakdown(events: Any) -> tuple[dict[str, list[float]], dict[str, float]]:
         seconds = event.self_cpu_time_total / 1e6
         shapes = [s for s in event.input_shapes if s]
         outer = _outer_product(shapes) if event.name == "aten::mul" else None
-        if event.name in PRODUCTS or outer is not None:
-            if outer is not None:
-                kernel, count = "batched gemm", outer
-            else:
-                kernel, flops = PRODUCTS[event.name]
-                count = flops(shapes) if shapes else 0
-            group = products[f"{'backward' if _in_backward(event) else 'forward'} {kernel}"]
-            group[0] += seconds
-            group[1] += count
-        elif seconds > 0:
-            others[_other_name(event.name)] += seconds
+        if outer is not None:
+            kernel, count = "batched gemm", outer
+        elif event.name in PRODUCTS:
+            kernel, flops = PRODUCTS[event.name]
+            count = flops(shapes) if shapes else 0
+        else:
+            if seconds > 0:
+                others[_other_name(event.name)] += seconds
+            continue
+        group = products[f"{'backward' if _in_backward(event) else 'forward'} {kernel}"]
+        group[0] += seconds
+        group[1] += count
     return dict(products), dict(others)
 
 

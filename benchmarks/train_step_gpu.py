@@ -40,7 +40,7 @@ from torch import nn
 
 from vitkit.bench import BenchConfig, dense_bf16_peak, model_flops
 from vitkit.bench.flops import vit_flops
-from vitkit.bench.harness import build_model, make_step
+from vitkit.bench.harness import SETTLE_S, build_model, make_step, time_alternating
 from vitkit.bench.stats import paired_ratio_stats
 
 KINDS = ("gemm", "attention", "fused", "optimizer", "other")
@@ -70,7 +70,8 @@ def profile_kinds(step: Callable[[], object], device: torch.device, steps: int) 
     with profile(activities=activities) as prof:
         for _ in range(steps):
             step()
-        _sync(device)
+        if cuda:
+            torch.cuda.synchronize(device)
     per_kernel: dict[str, float] = {}
     for e in prof.key_averages():
         if cuda and e.device_type == DeviceType.CUDA:
@@ -87,27 +88,21 @@ def profile_kinds(step: Callable[[], object], device: torch.device, steps: int) 
     return kinds, top
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed_rounds(
     steps: dict[str, Callable[[], object]], device: torch.device, per_round: int, rounds: int
 ) -> dict[str, list[float]]:
-    """Seconds a step of each row in each round: rounds that take turns, ``per_round`` steps each."""
-    import time
+    """Seconds a step of each row in each round: harness.time_alternating's rounds, ``per_round`` steps a call."""
 
-    seconds: dict[str, list[float]] = {name: [] for name in steps}
-    for _ in range(rounds):
-        for name, step in steps.items():
-            _sync(device)
-            t0 = time.perf_counter()
+    def repeated(step: Callable[[], object]) -> Callable[[], None]:
+        def run() -> None:
             for _ in range(per_round):
                 step()
-            _sync(device)
-            seconds[name].append((time.perf_counter() - t0) / per_round)
-    return seconds
+
+        return run
+
+    settle_s = SETTLE_S if device.type == "cpu" else 0.0  # no CPU thread pools to let go idle on a GPU
+    calls = time_alternating({n: repeated(s) for n, s in steps.items()}, rounds, 0, device, settle_s=settle_s)
+    return {name: [t / per_round for t in times] for name, times in calls.items()}
 
 
 def gemm_flops(model: nn.Module, img_size: int, executed: bool) -> float:
@@ -164,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
             for mode in args.modes.split(","):
                 model = build_model(cfg, device) if lib == "vitkit" else timm_peer(build_model(cfg, device))
                 step = make_step(model, replace(cfg, compile=mode), x, y, device)
-                for _ in range(args.warmup):
+                for _ in range(args.warmup):  # time_alternating syncs the device before it times
                     step()
-                _sync(device)
                 steps[f"{lib}/{mode}"] = step
                 print(f"  {model_name} {lib}/{mode}: built and warmed up", file=sys.stderr, flush=True)
         rounds = timed_rounds(steps, device, args.steps, args.rounds)
