@@ -196,3 +196,33 @@ def test_fp32_training_from_the_threshold_runs_the_kernel_within_rounding_of_flo
     assert (x.grad.double() - x64.grad).abs().max() < 2e-6 * x64.grad.abs().max()
     small = x.detach()[: n - 1].requires_grad_()
     assert gelu_mod.GELU(approximate="tanh")(small).grad_fn.name() == "GeluBackward0"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_gradient_of_the_gradient_is_the_gelus_second_derivative(dtype: torch.dtype) -> None:
+    """Where the kernels run, a backward pass that builds a graph (a gradient penalty) records ATen's GELU gradient
+    in fp32: the gradient and its gradient, the GELU's second derivative, are float64's within rounding. A backward
+    pass that builds none still runs the kernel."""
+    torch.manual_seed(0)
+    n = gelu_mod.FP32_MIN_NUMEL
+    x64 = torch.cat([torch.linspace(-6, 6, n // 2), torch.randn(n // 2) * 3]).double()
+    u = torch.randn(n, dtype=torch.float64)
+
+    def penalty_grad(x: torch.Tensor, gelu) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.detach().requires_grad_()
+        y = gelu(x)
+        (gx,) = torch.autograd.grad((y.double() * u).sum(), x, create_graph=True)
+        (ggx,) = torch.autograd.grad((gx.double() * u).sum(), x)
+        return gx.detach().double(), ggx.double()
+
+    gelu = gelu_mod.GELU(approximate="tanh")
+    x = x64.to(dtype)
+    assert type(gelu(x.requires_grad_()).grad_fn).__name__ == "_GeluTanhBackward"  # the kernels' function
+    gx, ggx = penalty_grad(x, gelu)
+    gx64, ggx64 = penalty_grad(x.double(), tanh_gelu64)  # the definition at the same (rounded) inputs
+    tol = 2e-6 if dtype == torch.float32 else 1e-2  # bf16: the gradient is rounded to bf16 (2^-9)
+    assert (gx - gx64).abs().max() <= tol * gx64.abs().max()
+    assert (ggx - ggx64).abs().max() <= tol * ggx64.abs().max()
+    plain = x.detach().requires_grad_()  # a backward pass that builds no graph: the kernel's gradient, as before
+    gelu(plain).backward(u.to(dtype))
+    assert torch.allclose(plain.grad.double(), gx64, rtol=0, atol=tol * gx64.abs().max().item())

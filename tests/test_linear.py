@@ -9,6 +9,7 @@ from torch import nn
 
 import vitkit
 from vitkit.models import linear as linear_mod
+from vitkit.models.attention import _OneRowProduct
 from vitkit.models.linear import MIN_ROWS, MIN_SIDE, dense, linear, uses_onednn
 
 pytestmark = pytest.mark.skipif(not linear_mod._has_onednn(), reason="oneDNN on x86 only")
@@ -242,3 +243,52 @@ def test_where_the_gelu_and_the_layer_stay_apart(monkeypatch: pytest.MonkeyPatch
         hooked = mlp()
         getattr(hooked, part).register_forward_pre_hook(lambda *args: None)
         assert not runs_fused(hooked), part
+
+
+def count_applies(monkeypatch: pytest.MonkeyPatch, function: type[torch.autograd.Function]) -> list[int]:
+    calls: list[int] = []
+    apply = function.apply
+    monkeypatch.setattr(function, "apply", lambda *args: calls.append(1) or apply(*args))
+    return calls
+
+
+def penalty_grads(model: nn.Module, images: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
+    """A gradient penalty's gradients: the squared norm of the loss's gradient with respect to the images, a
+    gradient of the gradient for every parameter."""
+    images = images.detach().requires_grad_()
+    (gx,) = torch.autograd.grad(F.cross_entropy(model(images), labels), images, create_graph=True)
+    return [g.double() for g in torch.autograd.grad(gx.pow(2).sum(), list(model.parameters()))]
+
+
+def test_in_fp32_a_gradient_of_the_gradient_through_the_fused_mlp_is_float64s(monkeypatch) -> None:
+    """The MLP's fused GELU and second layer, the oneDNN layers and the class-token block's one-row products in a
+    backward pass that builds a graph: every parameter's gradient of a gradient penalty is the float64 model's
+    (plain torch ops) to fp32 rounding. Attention written out: torch's fused CPU kernel (SDPA) has no gradient of
+    its gradient."""
+    fused, one_row = count_applies(monkeypatch, linear_mod._GeluLinear), count_applies(monkeypatch, _OneRowProduct)
+    cfg = dict(img_size=32, patch_size=4, width=MIN_SIDE, depth=2, num_heads=2, mlp_dim=4 * MIN_SIDE, num_classes=5)
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_ti16", **cfg, attn_impl="explicit").train()
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.1)
+    images, labels = torch.randn(MIN_ROWS // 64, 3, 32, 32), torch.arange(MIN_ROWS // 64) % 5
+    ours = penalty_grads(model, images, labels)
+    assert fused and len(one_row) == 2  # block 0's MLP ran the fused function, block 1 the one-row products
+    wide = penalty_grads(model.double(), images.double(), labels)
+    for (name, _), a, b in zip(model.named_parameters(), ours, wide, strict=True):
+        assert (a - b).abs().max() <= 1e-5 * b.abs().max(), name  # 1.5e-6 at most here
+
+
+def test_under_bf16_autocast_the_fused_mlp_refuses_a_gradient_of_the_gradient() -> None:
+    """There the backward pass reads the weight's bf16 copy, which autograd cannot trace to the parameter: a
+    gradient of the gradient would miss the weight's part, so it is refused rather than wrong."""
+    from vitkit.models.common import Mlp
+
+    mlp = Mlp(MIN_SIDE, 2 * MIN_SIDE).train()
+    x = torch.randn(4, MIN_ROWS // 4, MIN_SIDE, requires_grad=True)
+    with torch.autocast("cpu", torch.bfloat16):
+        y = mlp(x)
+    assert type(y.grad_fn).__name__ == "_GeluLinearBackward"
+    (gx,) = torch.autograd.grad(y.float().pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="once_differentiable"):
+        gx.sum().backward()

@@ -78,3 +78,20 @@ def test_the_cases_it_does_not_cover_keep_the_plain_product(monkeypatch, case):
     else:
         out = attention._product(a, b)
     assert calls == [] and out.shape == (2, 3, n, 5)
+
+
+def test_a_gradient_of_the_gradient_is_the_batched_gemms():
+    """Its backward pass is torch's ops, recorded where autograd builds a graph: a gradient penalty's gradients are
+    those of the plain product."""
+    g = torch.Generator().manual_seed(0)
+    a0, b0 = torch.randn(2, 3, 1, 16, generator=g), torch.randn(2, 3, 16, 17, generator=g)
+
+    def second(fn) -> list[torch.Tensor]:
+        a, b = a0.clone().requires_grad_(), b0.clone().requires_grad_()
+        out = fn(a, b)
+        assert (type(out.grad_fn).__name__ == "_OneRowProductBackward") == (fn is attention._product)
+        ga, gb = torch.autograd.grad(out.square().sum(), (a, b), create_graph=True)
+        return list(torch.autograd.grad(ga.square().sum() + gb.square().sum(), (a, b)))
+
+    for x, y in zip(second(attention._product), second(torch.matmul), strict=True):
+        assert (x - y).abs().max() <= 1e-6 * y.abs().max()  # another order of summation

@@ -27,9 +27,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..device import cpu_autocast_is_bf16
-from .linear import dense, linear, transformed
+from .linear import dense, linear
 from .merge import size_bias
 from .posemb import Grid, resample_relative
+from .transforms import transformed
 
 ATTN_IMPLS = ("auto", "sdpa", "explicit")
 CHUNK_BYTES = 2**21  # the probabilities of one chunk of (image, head) pairs: about a core's L2 cache
@@ -110,7 +111,9 @@ def chunked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: 
 class _OneRowProduct(torch.autograd.Function):
     """a @ b for a with one row (B, nh, 1, K): b's gradient a^T g is a product over K = 1, which the batched gemm
     computes one pair at a time (132 us for the main job's 256 pairs of 17 x 1 by 1 x 16 on 2 AMD EPYC cores) and
-    a broadcast multiply in one pass (12 us), with the same numbers: each element is one product, rounded once."""
+    a broadcast multiply in one pass (12 us), with the same numbers: each element is one product, rounded once. The
+    backward pass is torch's ops, which autograd records where it builds a graph: a gradient of the gradient is
+    the product's."""
 
     @staticmethod
     def forward(ctx: Any, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -118,7 +121,6 @@ class _OneRowProduct(torch.autograd.Function):
         return a @ b
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         a, b = ctx.saved_tensors
         da = grad @ b.transpose(-2, -1) if ctx.needs_input_grad[0] else None
@@ -128,10 +130,11 @@ class _OneRowProduct(torch.autograd.Function):
 
 def _product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """a @ b of the written-out attention; for a one-row a in fp32 training on a CPU (the class-token-only last
-    block's query and probabilities), through _OneRowProduct."""
+    block's query and probabilities), through _OneRowProduct, but in traced graphs and under torch.func transforms
+    and forward-mode AD (``transforms.transformed``)."""
     one_row = a.shape[-2] == 1 and a.device.type == "cpu" and a.dtype == b.dtype == torch.float32
     recorded = torch.is_grad_enabled() and b.requires_grad and not torch.is_autocast_enabled("cpu")
-    if one_row and recorded and not torch.compiler.is_compiling():
+    if one_row and recorded and not torch.compiler.is_compiling() and not transformed():
         return _OneRowProduct.apply(a, b)
     return a @ b
 

@@ -21,11 +21,16 @@ fast vectorised exp instead:
 - inside a graph that torch.compile traces on the CPU, in any precision, as plain tensor ops that inductor fuses
   with the ops around them (int8 ViT-B/16, compiled: 1.06-1.09x at batch 1, 8 and 64).
 
-Elsewhere (smaller fp32 tensors, eager inference, other devices) it is nn.GELU as it is.
+Elsewhere (smaller fp32 tensors, eager inference, other devices, torch.func transforms and forward-mode AD) it is
+nn.GELU as it is.
 
 A third kernel computes the gradient and the GELU itself in one pass, for the MLP's second layer
 (``vitkit.models.linear.gelu_dense``), which reads the GELU's output for its weight's gradient and so need not
 keep it from the forward pass: both outputs are those of the other two kernels, bit for bit.
+
+A backward pass that builds a graph (``create_graph=True``: gradient penalties, second-order methods) computes the
+gradient with ATen's GELU ops in fp32 instead, which autograd records: a gradient of the gradient is the GELU's,
+as with nn.GELU.
 """
 
 from __future__ import annotations
@@ -40,6 +45,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .transforms import transformed
 
 _C2 = 2 * math.sqrt(2 / math.pi)  # 2 sqrt(2/pi): sigmoid(2 z) = (1 + tanh(z)) / 2
 _A = 0.044715
@@ -138,20 +145,35 @@ class _GeluTanh(torch.autograd.Function):
         return kernels.forward(x)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: a gradient of the gradient may follow
+            return recorded_backward(grad, x), None
         return ctx.kernels.backward(grad, x), None
 
 
+def recorded_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """x's gradient for a backward pass that builds a graph (``create_graph=True``): ATen's tanh-GELU gradient
+    computed in fp32, which autograd records and differentiates by its analytic formula, so that a gradient of the
+    gradient is the GELU's second derivative (within 5e-7 of float64's largest, relative, in fp32; differentiating
+    the kernels' sigmoid form instead lost 1e-5)."""
+    return torch.ops.aten.gelu_backward(grad.float(), x.float(), approximate="tanh").to(x.dtype)
+
+
+def recorded_backward_and_output(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``Kernels.backward_and_output`` computes, for a backward pass that builds a graph: ``recorded_backward``
+    and ATen's GELU of x in fp32, both of which autograd records."""
+    return recorded_backward(grad, x), F.gelu(x.float(), approximate="tanh").to(x.dtype)
+
+
 def training_kernels(x: torch.Tensor, training: bool = True) -> Kernels | None:
-    """The kernels gelu_tanh runs on x, None where it runs something else: on a CPU, outside a traced graph, in
-    training (``training`` and autograd recording), in bf16 and in fp32 from FP32_MIN_NUMEL elements, where they
-    compile."""
+    """The kernels gelu_tanh runs on x, None where it runs something else: on a CPU, outside a traced graph, a
+    torch.func transform and forward-mode AD (``transforms.transformed``), in training (``training`` and autograd
+    recording), in bf16 and in fp32 from FP32_MIN_NUMEL elements, where they compile."""
     if x.device.type != "cpu" or torch.compiler.is_compiling():
         return None
     large = x.dtype == torch.bfloat16 or (x.dtype == torch.float32 and x.numel() >= FP32_MIN_NUMEL)
-    if not (large and training and x.requires_grad and torch.is_grad_enabled()):
+    if not (large and training and x.requires_grad and torch.is_grad_enabled()) or transformed():
         return None
     return _kernels(x.dtype)
 

@@ -12,15 +12,15 @@ training step 1.09x. The same function to the rounding of another fp32 summation
 Under CPU bf16 autocast the products are oneDNN's already, but autocast's addmm first copies the bias into the
 output and then accumulates into it; oneDNN adds the bias inside its matmul instead, with the same bits (the
 output, and every gradient, as autocast gives them): 1.2-2 ms less of a ViT-S/16 layer's 13-19 ms at batch 32, a
-bf16-autocast ViT-S/16 training step 1.04x. A gradient of the gradient is refused there, as by the bf16 GELU
-kernel.
+bf16-autocast ViT-S/16 training step 1.04x. A gradient of the gradient is refused there (the backward pass reads
+the weight's bf16 copy, which autograd cannot trace back to the parameter); in fp32 it is F.linear's.
 
 Where it does not pay it is nn.Linear as it is: fewer than 2,048 rows (at 1,576 rows oneDNN was no faster and at
 197 it was 0.74x, the reorders and the Python autograd function costing more than they save), a side narrower
 than 128 (64-wide layers ran 0.90-1.02x at 6,120 rows), inference (no autograd recording), other dtypes
 (autocast to fp16 too) and devices, and anything that needs to see an nn.Linear call: traced and compiled graphs
-(inductor picks its own kernels), torch.func transforms, and a layer with hooks or a subclass (LoRA, quantised
-layers). The thresholds were measured in fp32; bf16 keeps them.
+(inductor picks its own kernels), torch.func transforms and forward-mode AD, and a layer with hooks or a subclass
+(LoRA, quantised layers). The thresholds were measured in fp32; bf16 keeps them.
 
 The MLP's second layer reads the GELU's output twice: as its input, and in the backward pass for its weight's
 gradient, so the two called apart keep both the GELU's input (for its gradient) and its output, two hidden
@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import functools
 import platform
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,7 +45,8 @@ from torch import nn
 from torch.nn.modules import module as _module
 
 from ..device import cpu_autocast_is_bf16
-from .gelu import GELU, Kernels
+from .gelu import GELU, Kernels, recorded_backward_and_output
+from .transforms import transformed
 
 MIN_ROWS = 2048  # rows of the input (all but its last dim) from which oneDNN's matmul is the faster
 MIN_SIDE = 128  # in_features and out_features both at least this
@@ -149,7 +151,7 @@ class _GeluLinear(torch.autograd.Function):
     def forward(
         ctx: Any, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: Kernels, autocast: bool
     ) -> torch.Tensor:
-        ctx.kernels, ctx.has_bias = kernels, bias is not None
+        ctx.kernels, ctx.has_bias, ctx.autocast = kernels, bias is not None, autocast
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         x = kernels.forward(h)
         if autocast:
@@ -159,24 +161,31 @@ class _GeluLinear(torch.autograd.Function):
         return _matmul(x, weight, bias)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        # create_graph=True in fp32: the GELU as torch's ops, which autograd records with the matmuls, so that a
+        # gradient of the gradient is that of the two layers; under autocast the saved bf16 weight is a copy that
+        # autograd cannot trace back to the parameter, and a gradient of the gradient is refused
+        if torch.is_grad_enabled() and not ctx.autocast:
+            return _GeluLinear._gradients(ctx, grad, recorded_backward_and_output)
+        return _GeluLinear._kernel_backward(ctx, grad)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def _kernel_backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return _GeluLinear._gradients(ctx, grad, ctx.kernels.backward_and_output)
+
+    @staticmethod
+    def _gradients(ctx: Any, grad: torch.Tensor, gelu_backward: Callable[..., Any]) -> tuple[torch.Tensor | None, ...]:
         h, weight = ctx.saved_tensors
         grad = grad.to(weight.dtype).contiguous()
         # the GELU output's gradient as the two layers above give it, in the GELU's dtype
-        gh, x = ctx.kernels.backward_and_output(_input_grad(grad, weight).to(h.dtype), h)
+        gh, x = gelu_backward(_input_grad(grad, weight).to(h.dtype), h)
         return gh, *_in_dtypes(_param_grads(ctx, grad, x.to(weight.dtype)), ctx.dtypes), None, None
 
 
 def _plain(layer: nn.Module) -> bool:
     """An nn.Linear itself whose call would run nothing but its forward."""
     return type(layer) is nn.Linear and unhooked(layer)
-
-
-def transformed() -> bool:
-    """Whether torch.jit is tracing or a torch.func transform is active: there vitkit's own autograd functions
-    (these layers, the chunked attention) give way to torch's ops, which those see through."""
-    return torch.jit.is_tracing() or torch._C._are_functorch_transforms_active()
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -1,0 +1,86 @@
+"""vitkit's own autograd functions (oneDNN Dense layers, tanh-GELU kernels, one-row attention products) give way to
+torch's ops under torch.func transforms and forward-mode AD: a training-mode ViT at the sizes where all of them run
+gives float64's gradients and tangents there, to fp32 rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.autograd.forward_ad as fwAD
+import torch.nn.functional as F
+from torch.func import functional_call, grad, jvp
+
+import vitkit
+from vitkit.models import attention, gelu, linear
+from vitkit.models.transforms import transformed
+
+pytestmark = pytest.mark.skipif(not linear._has_onednn(), reason="oneDNN on x86 only")
+
+# 32 images of 65 tokens of width 128: 2,080 rows, 1.06M hidden activations (oneDNN's and the fp32 kernels' sizes)
+CFG = dict(img_size=32, patch_size=4, width=128, depth=2, num_heads=2, mlp_dim=512, num_classes=5, attn_impl="explicit")
+
+
+def model_and_batch() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_ti16", **CFG).train()
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.1)
+    return model, torch.randn(32, 3, 32, 32), torch.arange(32) % 5
+
+
+def own_functions(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of vitkit's autograd functions applied from now on."""
+    applied: list[str] = []
+    for fn in (linear._OneDnnLinear, linear._GeluLinear, gelu._GeluTanh, attention._OneRowProduct):
+        apply = fn.apply
+        monkeypatch.setattr(fn, "apply", lambda *a, _f=fn, _apply=apply: applied.append(_f.__name__) or _apply(*a))
+    return applied
+
+
+def close(a: torch.Tensor, b: torch.Tensor, rel: float = 1e-5) -> bool:
+    return bool((a.double() - b.double()).abs().max() <= rel * b.double().abs().max())
+
+
+def test_the_model_runs_them_outside_the_transforms(monkeypatch):
+    applied = own_functions(monkeypatch)
+    model, x, y = model_and_batch()
+    F.cross_entropy(model(x), y).backward()
+    assert {"_OneDnnLinear", "_GeluLinear", "_OneRowProduct"} <= set(applied)
+    assert not transformed()
+
+
+def test_func_grad_gives_float64s_gradients(monkeypatch):
+    model, x, y = model_and_batch()
+    wide = model_and_batch()[0].double()
+    F.cross_entropy(wide(x.double()), y).backward()
+    applied = own_functions(monkeypatch)
+    params = dict(model.named_parameters())
+    grads = grad(lambda p: F.cross_entropy(functional_call(model, p, (x,)), y))(params)
+    assert applied == []
+    for name, p in wide.named_parameters():
+        assert close(grads[name], p.grad), name
+
+
+def test_forward_mode_ad_gives_func_jvps_tangent_and_float64s(monkeypatch):
+    model, x, _ = model_and_batch()
+    tangent = torch.randn_like(x)
+    _, ref = jvp(model.double(), (x.double(),), (tangent.double(),))
+    model.float()
+    applied = own_functions(monkeypatch)
+    with fwAD.dual_level():
+        assert transformed()
+        out = fwAD.unpack_dual(model(fwAD.make_dual(x, tangent))).tangent
+    assert applied == [] and not transformed()
+    _, via_func = jvp(model, (x,), (tangent,))
+    assert close(out, ref) and close(via_func, ref)
+
+
+def test_the_bf16_gelu_kernel_gives_way_under_func_grad(monkeypatch):
+    applied = own_functions(monkeypatch)
+    x = torch.randn(4, 1000, dtype=torch.bfloat16)
+    act = gelu.GELU(approximate="tanh")
+    got = grad(lambda t: act(t).float().sum())(x)
+    assert applied == []
+    x64 = x.double().requires_grad_()
+    F.gelu(x64, approximate="tanh").sum().backward()
+    assert close(got, x64.grad, rel=1e-2)
