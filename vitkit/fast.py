@@ -337,11 +337,24 @@ class InferenceModel(nn.Module):
 
     ``precision`` is "fp32", "bf16" or "int8"; ``dtype`` is the dtype inputs are cast to (fp32 for int8, whose
     layers quantise their inputs themselves).
+
+    ``source``: the model whose tensors it computes with as they were when it was made (its Linear weights packed,
+    every weight a constant of the compiled graph); a call after any of them has changed (loaded, updated in place,
+    moved or cast) is an error naming it, rather than outputs of the old weights, or of old and new mixed. Default:
+    ``model`` itself.
     """
 
     _run: Callable[..., torch.Tensor]  # the model, or its compiled form: kept out of the module tree
+    _watched: list[tuple[str, torch.Tensor, int, int]]  # the source's tensors: name, tensor, version, storage
 
-    def __init__(self, model: nn.Module, dtype: torch.dtype, compile_mode: str, precision: str | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        dtype: torch.dtype,
+        compile_mode: str,
+        precision: str | None = None,
+        source: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.dtype = dtype
@@ -351,8 +364,13 @@ class InferenceModel(nn.Module):
         self.call_kwargs = {"attn_impl": "auto"} if isinstance(model, VisionTransformer) else {}
         run = model if compile_mode == "none" else compile_for_inference(model, compile_mode)
         self.__dict__["_run"] = run  # not a submodule: the weights are registered once, under .model
+        # kept out of the module tree too: the source's tensors and how they were (autograd's version counter, which
+        # every in-place write bumps, and the storage, which moving or casting replaces): 20 us a call for ViT-B/16
+        watched = [*(source or model).named_parameters(), *(source or model).named_buffers()]
+        self.__dict__["_watched"] = [(name, t, t._version, t.data_ptr()) for name, t in watched]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_unchanged()
         out_dtype = x.dtype if x.is_floating_point() else torch.float32
         with torch.no_grad():
             y = self._run(x.to(self.dtype), **self.call_kwargs)
@@ -360,7 +378,17 @@ class InferenceModel(nn.Module):
             y = y.clone()  # a CUDA graph's output buffer is overwritten by its next replay
         return y.to(out_dtype)
 
+    def _check_unchanged(self) -> None:
+        for name, t, version, ptr in self._watched:
+            if t._version != version or t.data_ptr() != ptr:
+                raise UserError(
+                    f"optimize_for_inference: the model's {name} has changed since this fast model was made from it "
+                    "(loaded, updated in place, moved or cast), and the fast model computes with the weights as they "
+                    "were then; call optimize_for_inference on the model again"
+                )
+
     def __deepcopy__(self, memo: dict[int, Any]) -> InferenceModel:
+        self._check_unchanged()  # a copy of weights that no longer agree with their source would be one too
         # the compiled form belongs to this model: the copy compiles its own on its first call
         new = InferenceModel(copy.deepcopy(self.model, memo), self.dtype, self.compile_mode, self.precision)
         memo[id(self)] = new
@@ -424,16 +452,18 @@ def optimize_for_inference(
     "none"/False, "default", "reduce-overhead" (CUDA graphs: one launch per call, for small batches on a GPU),
     "max-autotune" (slow to compile, sometimes faster on CUDA), True = "default".
 
-    fp32 and bf16 convert the model in place (like ``model.to``: eval mode, frozen, cast) and wrap it (on the CPU,
-    a copy of it with its Linear weights packed for oneDNN that shares every other tensor: see pack_linears); int8
-    quantises a copy and leaves the model as it was, since its quantised layers could not be trained or saved as
-    the original. The config is never changed. Outputs come back in the input's dtype and match the fp32 model
-    within the precision's tolerance. int8 compiles like the others where the CPU has VNNI; elsewhere its layers
-    are fbgemm's, which torch.compile does not trace, so it runs eagerly and an explicit compile request falls
-    back with a warning. With compilation the first call, and the first at each
-    new input shape, compiles: seconds on CUDA, up to a few minutes for ViT-B on a small CPU. ``copy.deepcopy``
-    of the result is a model of its own that shares only the packed oneDNN weights (never written) and compiles
-    on its own first call.
+    fp32 and bf16 convert the model in place (like ``model.to``: eval mode, frozen, cast) and wrap it (on the CPU, a
+    copy of it with its Linear weights packed for oneDNN that shares every other tensor: see pack_linears); int8
+    quantises a copy and leaves the model as it was, since its quantised layers could not be trained or saved as the
+    original. fp32 and bf16 compute with the model's weights as they are now (packed, or constants of the compiled
+    graph): once the model's weights change (load_state_dict, an in-place update, .to()), a call raises UserError
+    naming one; optimise the model again. The config is never changed. Outputs come back in the input's dtype and
+    match the fp32 model within the precision's tolerance. int8 compiles like the others where the CPU has VNNI;
+    elsewhere its layers are fbgemm's, which torch.compile does not trace, so it runs eagerly and an explicit
+    compile request falls back with a warning. With compilation the first call, and the first at each new input
+    shape, compiles: seconds on CUDA, up to a few minutes for ViT-B on a small CPU. ``copy.deepcopy`` of the result
+    is a model of its own that shares only the packed oneDNN weights (never written) and compiles on its own first
+    call.
     """
     if dtype is not None:
         if precision != "auto":
@@ -464,4 +494,4 @@ def optimize_for_inference(
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model.eval().requires_grad_(False).to(dtype)
     run = pack_linears(model) if can_pack_linears(device) else model
-    return InferenceModel(run, dtype, compile, precision)
+    return InferenceModel(run, dtype, compile, precision, source=model)
