@@ -177,6 +177,24 @@ def test_class_token_forward_runs_a_wrapped_qkv_projection_as_it_is():
         torch.testing.assert_close(model(x), model.forward_head(model.forward_features(x)), atol=1e-5, rtol=1e-5)
 
 
+def test_class_token_forward_runs_a_hooked_qkv_projection_by_its_call():
+    """Hooks on every block's Dense layers fire in the class-token-only last block too: its qkv layer, whose weight
+    the class-token path otherwise splits by rows, is called as it is where it has a hook, with the same output."""
+    model = tiny()
+    randomize_head(model)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+    seen: list[tuple[int, tuple[int, ...]]] = []
+    for i, block in enumerate(model.blocks):
+        block.attn.qkv.register_forward_hook(lambda m, args, out, i=i: seen.append((i, tuple(out.shape))))
+    with torch.no_grad():
+        got = model(x)
+    tokens = model.num_prefix_tokens + 16
+    assert seen == [(i, (2, tokens, 3 * TINY["width"])) for i in range(len(model.blocks))]
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 def test_gap_pre_logits_and_output_shapes():
     x = torch.randn(3, 3, 32, 32)
     gap = tiny(classifier="gap")
