@@ -468,6 +468,30 @@ def test_a_fast_model_refuses_a_call_once_its_models_weights_have_changed(change
         torch.testing.assert_close(again(x), model(x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_fast_model_keeps_the_layers_that_have_hooks_and_runs_them(precision):
+    """A Linear layer with a hook (an adapter, a mask, a probe) is not packed, quantised or fused with its GELU: the
+    replacement would not run the hook. The fast model computes what the model with its hooks computes."""
+    model = tiny_vit()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        unhooked = model(x)
+    model.blocks[0].mlp.fc2.register_forward_hook(lambda m, args, out: out * 0)  # the MLP's branch switched off
+    model.blocks[1].mlp.fc1.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    with torch.no_grad():
+        hooked = model(x)
+    fast = optimize_for_inference(model, precision, compile="none")
+    blocks = fast.model.blocks
+    assert type(blocks[0].mlp.fc2) is torch.nn.Linear and type(blocks[1].mlp.fc1) is torch.nn.Linear
+    if precision == "fp32" or fast_mod.int8_kernel() == "onednn":  # vitkit's layers replace the others
+        assert type(blocks[0].mlp.fc1) is not torch.nn.Linear
+    got = fast(x)
+    if precision == "fp32":
+        torch.testing.assert_close(got, hooked, atol=1e-5, rtol=1e-5)
+    else:  # int8's own error is far below what the hooks change
+        assert (got - hooked).abs().max() < 0.1 * (unhooked - hooked).abs().max()
+
+
 def test_an_int8_model_is_a_copy_the_models_later_changes_leave_alone():
     model = tiny_vit()
     fast = optimize_for_inference(model, "int8", compile="none")

@@ -41,7 +41,7 @@ import shutil
 import sys
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -51,6 +51,7 @@ from .errors import UserError
 from .models import VisionTransformer
 from .models.attention import Attention
 from .models.common import Mlp
+from .models.linear import has_hooks
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -238,13 +239,14 @@ def int8_kernel(kernel: str = "auto") -> str:
 def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     """A frozen copy of an fp32 model whose nn.Linear layers run in int8; the model is untouched.
 
-    ``kernel`` "onednn" (the default where the CPU has VNNI): every nn.Linear becomes an Int8Linear, with
-    per-token activation scales, which torch.compile fuses. "fbgemm" (the default elsewhere): torch's dynamic
-    quantisation, weights int8 per output channel, activations quantised per call from the whole input's min/max
-    to 7 bits (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run eagerly (torch.compile cannot trace it).
-    Other layers keep their fp32 weights (copies, not the originals). With "onednn", where bf16 matmuls are native,
-    the copy's attention layers compute in bf16, written out (Attention.attend_dtype): torch has no int8 kernel for
-    attention, and fp32 SDPA took about a fifth of a compiled ViT-B/16's time.
+    ``kernel`` "onednn" (the default where the CPU has VNNI): every nn.Linear becomes an Int8Linear, with per-token
+    activation scales, which torch.compile fuses (but a layer with hooks, which it would not run). "fbgemm" (the
+    default elsewhere): torch's dynamic quantisation, weights int8 per output channel, activations quantised per
+    call from the whole input's min/max to 7 bits (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run
+    eagerly (torch.compile cannot trace it). Other layers keep their fp32 weights (copies, not the originals). With
+    "onednn", where bf16 matmuls are native, the copy's attention layers compute in bf16, written out
+    (Attention.attend_dtype): torch has no int8 kernel for attention, and fp32 SDPA took about a fifth of a compiled
+    ViT-B/16's time.
     """
     kernel = int8_kernel(kernel)
     if any(p.dtype != torch.float32 for p in model.parameters()):
@@ -258,7 +260,7 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
             if attend_in_bf16 and isinstance(parent, Attention):
                 parent.attend_dtype = torch.bfloat16
             for name, child in parent.named_children():
-                if type(child) is nn.Linear:
+                if _plain_linear(child):
                     setattr(parent, name, Int8Linear(child))
         return frozen
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
@@ -317,19 +319,25 @@ def pack_linears(model: nn.Module) -> nn.Module:
     The copy shares every parameter and buffer with the model (the packed weights are its only new weights), so
     it is the model's function, to the rounding of another matmul kernel, as long as the model's weights stay
     as they were. Subclasses of nn.Linear (LoRA, quantised layers, nn.MultiheadAttention's projection, which
-    is read by weight) are left as they are.
+    is read by weight) and layers with hooks (which the replacement would not run) are left as they are.
     """
     shared = {id(t): t for t in (*model.parameters(), *model.buffers())}
     packed = copy.deepcopy(model, shared)
     for mlp in [m for m in packed.modules() if isinstance(m, Mlp)]:
-        if type(mlp.fc1) is nn.Linear and isinstance(mlp.act, nn.GELU):
+        if _plain_linear(mlp.fc1) and isinstance(mlp.act, nn.GELU) and not has_hooks(mlp.act):
             mlp.add_module("fc1", PackedLinear(mlp.fc1, mlp.act))  # replaces the layer under its name
             mlp.add_module("act", nn.Identity())
     for parent in list(packed.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
+            if _plain_linear(child):
                 setattr(parent, name, PackedLinear(child))
     return packed
+
+
+def _plain_linear(layer: nn.Module) -> TypeGuard[nn.Linear]:
+    """An nn.Linear itself without hooks of its own, which a packed or quantised layer may replace (its hooks would
+    not run on the replacement; global module hooks run on any module)."""
+    return type(layer) is nn.Linear and not has_hooks(layer)
 
 
 class InferenceModel(nn.Module):

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..device import cpu_autocast_is_bf16
-from .linear import dense, linear, unhooked
+from .linear import dense, has_hooks, linear
 from .merge import size_bias
 from .posemb import Grid, resample_relative
 from .transforms import transformed
@@ -220,8 +220,9 @@ class Attention(nn.Module):
 
     def _q_kv(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries of the first n tokens, keys and values of all: the qkv matmul split by rows of its weight."""
-        if type(self.qkv) is not nn.Linear or not unhooked(self.qkv):
+        if type(self.qkv) is not nn.Linear or has_hooks(self.qkv):
             # a wrapped projection (LoRA, quantised, ...) or one with hooks, which its call runs: called as it is
+            # (global module hooks, which FLOP counters and trackers install, do not change what is computed)
             q, k, v = self._qkv(x)
             return q[:, :, :n], k, v
         B, N, C = x.shape

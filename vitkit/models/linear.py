@@ -127,13 +127,17 @@ class _OneDnnLinearAutocast(torch.autograd.Function):
         return _in_dtypes((gx, *_param_grads(ctx, grad, xb)), ctx.dtypes)
 
 
+def has_hooks(module: nn.Module) -> bool:
+    """Whether module has hooks of its own (forward, forward-pre or backward), which run only where it is called."""
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
+
+
 def unhooked(module: nn.Module) -> bool:
     """Whether a call of module would run nothing but its forward: no hooks on it, and no global module hooks."""
     return not (
-        module._forward_hooks
-        or module._forward_pre_hooks
-        or module._backward_hooks
-        or module._backward_pre_hooks
+        has_hooks(module)
         or _module._global_forward_hooks
         or _module._global_forward_pre_hooks
         or _module._global_backward_hooks
