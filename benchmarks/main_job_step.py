@@ -10,6 +10,7 @@ Two trainers of the shipped digits config in one process, taking turns round by 
     python benchmarks/main_job_step.py --arm exact-gelu=model.gelu=exact   # shipped against other overrides
     python benchmarks/main_job_step.py --arm separate=run.contiguous_params=false   # AdamW over 56 tensors, not 2
     python benchmarks/main_job_step.py --allocator default   # glibc's own malloc settings, not vitkit train's
+    python benchmarks/main_job_step.py --replay         # then every operator call of a step replayed alone
 
 Prints each arm's median ms per step (full training steps: data, forward, backward, clip, AdamW) and the
 seconds that makes for all of that arm's steps (the main job's run), the paired ratio of those run times with its
@@ -29,6 +30,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -116,6 +118,36 @@ def matmul_floor(step: Callable[[], float], threads: int, rounds: int = 7) -> tu
     return statistics.median(times), len(calls), flops / 1e9
 
 
+def replayed_ops(step: Callable[[], float], threads: int, repeats: int = 20) -> tuple[int, dict[str, float]]:
+    """Every ATen operator call of one training step, recorded below autograd (a TorchDispatchMode) and replayed
+    alone on the same tensors, unprofiled: (how many calls, median seconds of each operator's calls summed by
+    name). What the step would take if nothing ran but its operators: the rest of a step is the framework's own
+    cost per call (Python, the autograd engine, the dispatcher above the kernels). Replaying writes to the
+    trainer's tensors (in-place ops, the optimizer's update), so it runs last."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls: list[tuple[Any, tuple[Any, ...], dict[str, Any]]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            calls.append((func, args, kwargs or {}))
+            return func(*args, **(kwargs or {}))
+
+    torch.set_num_threads(threads)
+    step()
+    with Record():
+        step()
+    seconds: dict[str, float] = {}
+    for func, args, kwargs in calls:
+        func(*args, **kwargs)  # warm
+        start = time.perf_counter()
+        for _ in range(repeats):
+            func(*args, **kwargs)
+        name = func.overloadpacket.__name__
+        seconds[name] = seconds.get(name, 0.0) + (time.perf_counter() - start) / repeats
+    return len(calls), seconds
+
+
 def main() -> None:
     from vitkit.bench.stats import load_average, load_warnings, paired_ratio_stats
     from vitkit.device import usable_cores
@@ -124,6 +156,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=15, help="rounds, each arm timed once a round (default 15)")
     p.add_argument("--steps", type=int, default=40, help="training steps an arm is timed for a round (default 40)")
     p.add_argument("--profile", type=int, default=0, help="then profile this many steps of each arm (default 0)")
+    p.add_argument(
+        "--replay",
+        action="store_true",
+        help="then replay each ATen operator call of a shipped step alone, unprofiled, and print the top ones",
+    )
     p.add_argument(
         "--arm",
         action="append",
@@ -162,6 +199,7 @@ def main() -> None:
         tables = {name: profile_table(*arm[:2], args.profile) for name, arm in arms.items()} if args.profile else {}
         floor = matmul_floor(*arms["shipped"][:2])
         faults, system_ms = faults_and_system_ms(*arms["shipped"][:2], args.steps)
+        replay = replayed_ops(*arms["shipped"][:2]) if args.replay else None  # last: it writes to the tensors
     with trainer(["optim.batch_size=2"]) as (small, small_threads, *_):
         fixed = statistics.median(timed(small, small_threads, args.steps) for _ in range(5))
 
@@ -185,6 +223,16 @@ def main() -> None:
         f"{seconds_mm * 1e3:.2f} ms, {gflop / seconds_mm:.0f} GFLOP/s"
     )
     print(f"  a shipped step's page faults: {faults:,.1f}, system time {system_ms:.2f} ms")
+    if replay is not None:
+        count, by_op = replay
+        replayed_ms = sum(by_op.values()) * 1e3
+        shipped_ms = statistics.median(seconds["shipped"]) * 1e3
+        print(
+            f"  a shipped step's {count} ATen operator calls replayed alone: {replayed_ms:.2f} ms of its "
+            f"{shipped_ms:.2f} ms ({replayed_ms / shipped_ms:.0%}); the rest is the framework's cost per call"
+        )
+        top = sorted(by_op.items(), key=lambda kv: -kv[1])[:12]
+        print("    " + ", ".join(f"{name} {sec * 1e3:.2f}" for name, sec in top))
     for line in load_warnings(before, after, max(arm[1] for arm in arms.values()), usable_cores()):
         print(line)
     for name, table in tables.items():
