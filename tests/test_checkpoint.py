@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import load_file, save_file
 
 import vitkit
 from vitkit import UserError, VisionTransformer
@@ -416,3 +416,25 @@ def test_weights_that_do_not_fit_never_load_quietly(tmp_path, capsys):
     assert cli_main(["convert", str(tmp_path / "lost.safetensors"), str(tmp_path / "out"), "num_heads=4"]) == 2
     err = capsys.readouterr().err
     assert "missing blocks.1." in err and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_save_pretrained_refuses_a_model_whose_layers_hold_their_weights_elsewhere(tmp_path, precision):
+    """optimize_for_inference's model has its Linear layers packed (the weights out of its state dict) or quantised
+    (other keys): saved, the file would not load back. Refused, naming the keys, and nothing is written."""
+    fast = vitkit.optimize_for_inference(tiny(), precision, compile="none")
+    with pytest.raises(UserError, match=r"missing \d+ \(blocks\.0\.attn\.qkv\.weight, .*save the model it was made"):
+        save_pretrained(fast.model, tmp_path / "packed")
+    assert not (tmp_path / "packed").exists()
+    save_pretrained(tiny(), tmp_path / "plain")  # the model itself saves
+    assert load_model(tmp_path / "plain").config == tiny().config
+
+
+def test_a_file_with_a_heads_bias_but_not_its_weight_is_an_error_listing_it(tmp_path):
+    save_pretrained(tiny(), tmp_path / "m")
+    path = tmp_path / "m" / native.WEIGHTS_NAME
+    state = load_file(path)
+    del state["head.weight"]
+    save_file(state, path)
+    with pytest.raises(UserError, match=r"the weights do not fit the model; missing head\.weight"):
+        load_model(tmp_path / "m")

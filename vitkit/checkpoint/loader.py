@@ -165,7 +165,9 @@ def _adapt_vit(model: VisionTransformer, ckpt: Checkpoint, state: dict[str, torc
         head_after_rep = True  # the stored head reads the representation, not the tokens
     stored = [k for k in ("head.weight", "head.bias") if k in state]
     wanted = [k for k in ("head.weight", "head.bias") if k in target]
-    fits = stored and wanted and not head_after_rep and state["head.weight"].shape == target["head.weight"].shape
+    if stored and "head.weight" not in state and not head_after_rep:
+        return  # a head's bias without its weight: no head to take or leave but a file lacking a key, reported below
+    fits = bool(stored and wanted) and not head_after_rep and state["head.weight"].shape == target["head.weight"].shape
     if not fits:  # the model keeps its own fresh (zero) head; a stored head it has no place for is dropped
         for k in stored:
             state.pop(k)
