@@ -419,12 +419,19 @@ def test_weights_that_do_not_fit_never_load_quietly(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_save_pretrained_refuses_a_model_whose_layers_hold_their_weights_elsewhere(tmp_path, precision):
+def test_writers_refuse_a_model_whose_layers_hold_their_weights_elsewhere(tmp_path, precision):
     """optimize_for_inference's model has its Linear layers packed (the weights out of its state dict) or quantised
-    (other keys): saved, the file would not load back. Refused, naming the keys, and nothing is written."""
+    (other keys): written, the file would lack them. Every writer refuses it, naming the keys; nothing is written."""
     fast = vitkit.optimize_for_inference(tiny(), precision, compile="none")
-    with pytest.raises(UserError, match=r"missing \d+ \(blocks\.0\.attn\.qkv\.weight, .*save the model it was made"):
-        save_pretrained(fast.model, tmp_path / "packed")
+    writers = {
+        "save_pretrained": lambda m: save_pretrained(m, tmp_path / "packed"),
+        "vitkit_to_official": vitkit_to_official,
+        "vitkit_to_timm": vitkit_to_timm,
+        "vitkit_to_hf": vitkit_to_hf,
+    }
+    for name, write in writers.items():
+        with pytest.raises(UserError, match=rf"{name}: .*missing \d+ \(blocks\.0\.attn\.qkv\.weight, .*made from"):
+            write(fast.model)
     assert not (tmp_path / "packed").exists()
     save_pretrained(tiny(), tmp_path / "plain")  # the model itself saves
     assert load_model(tmp_path / "plain").config == tiny().config

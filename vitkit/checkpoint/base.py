@@ -22,8 +22,11 @@ import numpy as np
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file
+from torch import nn
 
+from ..config_of import config_of
 from ..errors import UserError, UserFileNotFoundError
+from ..models.registry import model_from_config
 from ..models.vit import ViTConfig
 from ..preprocessing import Preprocessing, for_config
 
@@ -193,3 +196,26 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
             if not isinstance(arrays[key], np.ndarray):  # NpzFile hands back raw bytes for a member that is no .npy
                 raise UserError(f"{path}: member {key!r} is not an .npy array")
     return arrays
+
+
+def model_state(model: nn.Module, what: str) -> dict[str, torch.Tensor]:
+    """model.state_dict() for a writer (``what``, named in the error): the weights of the model its config builds.
+    A model whose layers were replaced has others (optimize_for_inference's packs its Linear layers' weights out of
+    the state dict, or quantises them under other keys), and a file of them would not load back: refused, naming
+    the keys."""
+    state = model.state_dict()
+    with torch.device("meta"):  # shapes only
+        expected = model_from_config(config_of(model)).state_dict()
+    lacking, other = [k for k in expected if k not in state], [k for k in state if k not in expected]
+    if lacking or other:
+        listed = "; ".join(
+            f"{kind} {len(keys)} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
+            for kind, keys in (("missing", lacking), ("extra", other))
+            if keys
+        )
+        raise UserError(
+            f"{what}: the model's weights are not those of the model its config builds ({listed}): some of its "
+            "layers were replaced (optimize_for_inference packs or quantises the Linear layers of the model it "
+            "returns: use the model it was made from)"
+        )
+    return state

@@ -25,7 +25,7 @@ from ..io import atomic_write, atomic_write_text
 from ..models import ViTConfig
 from ..optional import require
 from ..preprocessing import Preprocessing, class_names_from_labels, for_config, from_hf_processor
-from .base import Checkpoint, config_path, read_config_and_weights, read_config_json
+from .base import Checkpoint, config_path, model_state, read_config_and_weights, read_config_json
 
 if TYPE_CHECKING:  # transformers is a development / benchmark dependency, imported only when used
     import transformers
@@ -263,7 +263,7 @@ def vitkit_to_hf(
         )
     hf_config = hf_config_for(model, id2label)
     lay = LAYOUTS[layout]
-    state = model.state_dict()
+    state = model_state(model, "vitkit_to_hf")
     prefix = "vit." if cfg.num_classes else ""
     out: dict[str, torch.Tensor] = {}
     for ours, theirs in TOP_MAP.items():

@@ -20,8 +20,7 @@ from torch import nn
 from ..config_of import config_of
 from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
-from ..models.registry import model_from_config
-from .base import CONFIG_NAME, Checkpoint, config_path, read_config_and_weights, read_config_json
+from .base import CONFIG_NAME, Checkpoint, config_path, model_state, read_config_and_weights, read_config_json
 
 WEIGHTS_NAME = "model.safetensors"
 FORMAT = "vitkit"
@@ -36,19 +35,8 @@ def save_pretrained(
     """Write model.safetensors + config.json into directory; returns the directory. ``extra`` tensors are saved
     beside the model's (their keys must not be the model's; list their prefix in metadata["drop_on_load"])."""
     directory = Path(directory)
-    model_config = config_of(model)
-    config = model_config.to_dict()
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    with torch.device("meta"):  # shapes only: what a model built from the config holds
-        expected = model_from_config(model_config).state_dict()
-    lacking, other = [k for k in expected if k not in state], [k for k in state if k not in expected]
-    if lacking or other:  # a file that would not load back into the model its config builds: nothing is written
-        raise UserError(
-            "save_pretrained: the model's weights are not those of the model its config builds ("
-            + "; ".join(f"{what} {_listed(keys)}" for what, keys in (("missing", lacking), ("extra", other)) if keys)
-            + "): some of its layers were replaced (optimize_for_inference packs or quantises the Linear layers of "
-            "the model it returns: save the model it was made from)"
-        )
+    config = config_of(model).to_dict()
+    state = {k: v.detach().contiguous().cpu() for k, v in model_state(model, "save_pretrained").items()}
     clash = sorted(set(state) & set(extra or {}))
     if clash:
         raise ValueError(f"save_pretrained: extra tensors {clash} have the names of model weights")
@@ -61,10 +49,6 @@ def save_pretrained(
     doc = {"format": FORMAT, "model": config, "metadata": metadata or {}}
     atomic_write_text(directory / CONFIG_NAME, json.dumps(doc, indent=2, default=list) + "\n")
     return directory
-
-
-def _listed(keys: list[str]) -> str:
-    return f"{len(keys)} ({', '.join(keys[:3])}{', ...' if len(keys) > 3 else ''})"
 
 
 def detect(path: str | Path) -> bool:

@@ -38,7 +38,7 @@ import torch
 from ..errors import UserError
 from ..models import ViTConfig
 from ..models.common import as_pair
-from .base import Checkpoint, read_npz
+from .base import Checkpoint, model_state, read_npz
 from .infer import infer_vit_config_with_guesses
 
 Params = Mapping[str, np.ndarray]
@@ -485,7 +485,7 @@ def vitkit_to_official(model: torch.nn.Module, naming: str = "released", prefix:
             "have an official layout"
         )
     names = BLOCK_NAMINGS[naming]
-    sd = model.state_dict()
+    sd = model_state(model, "vitkit_to_official")
     D, heads = cfg.width, cfg.num_heads
     hd = D // heads
     out: dict[str, np.ndarray] = {
@@ -540,9 +540,9 @@ def vitkit_to_official(model: torch.nn.Module, naming: str = "released", prefix:
         out["conv_root/kernel"] = torch_to_flax(sd[f"{stem}.stem.conv.weight"], "conv")
         out["gn_root/scale"] = torch_to_flax(sd[f"{stem}.stem.norm.weight"], "")
         out["gn_root/bias"] = torch_to_flax(sd[f"{stem}.stem.norm.bias"], "")
-        for k, v in sd.items():
-            if m := re.match(rf"{re.escape(stem)}\.stages\.(\d+)\.blocks\.(\d+)\.(.*)$", k):
+        for key, value in sd.items():
+            if m := re.match(rf"{re.escape(stem)}\.stages\.(\d+)\.blocks\.(\d+)\.(.*)$", key):
                 theirs = RESNET_UNIT_MAP[m.group(3)]
                 kind = "conv" if theirs.endswith("kernel") else ""
-                out[f"block{int(m.group(1)) + 1}/unit{int(m.group(2)) + 1}/{theirs}"] = torch_to_flax(v, kind)
+                out[f"block{int(m.group(1)) + 1}/unit{int(m.group(2)) + 1}/{theirs}"] = torch_to_flax(value, kind)
     return {prefix + k: v for k, v in out.items()}

@@ -36,7 +36,7 @@ from ..io import atomic_write, atomic_write_text
 from ..models import ViTConfig
 from ..preprocessing import Preprocessing, for_config, from_timm_config
 from . import big_transfer
-from .base import Checkpoint, config_path, load_tensor_file, read_config_json, weights_path
+from .base import Checkpoint, config_path, load_tensor_file, model_state, read_config_json, weights_path
 from .infer import infer_vit_config_with_guesses
 
 FORMAT = "timm"
@@ -254,7 +254,7 @@ def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
     check_exportable(model)
     return {
         re.sub(r"^pre_logits\.", "pre_logits.fc.", k): v.detach().clone().contiguous()
-        for k, v in model.state_dict().items()
+        for k, v in model_state(model, "vitkit_to_timm").items()
     }
 
 
