@@ -84,3 +84,26 @@ def test_the_bf16_gelu_kernel_gives_way_under_func_grad(monkeypatch):
     x64 = x.double().requires_grad_()
     F.gelu(x64, approximate="tanh").sum().backward()
     assert close(got, x64.grad, rel=1e-2)
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["fp32", "bf16-autocast"])
+def test_batched_gradients_are_the_loops(monkeypatch, autocast):
+    """torch.autograd.grad(..., is_grads_batched=True) runs the backward pass under a vmap (as jacobian(...,
+    vectorize=True) does): vitkit's functions' backward passes (here every one of them: the oneDNN layers, the
+    GELU kernels and the fused MLP, the one-row products in fp32, the chunked attention in bf16) then compute with
+    torch's ops, and give what a loop over the gradients gives."""
+    applied = own_functions(monkeypatch)
+    chunked = []
+    apply = attention._ChunkedAttention.apply
+    monkeypatch.setattr(attention._ChunkedAttention, "apply", lambda *a: chunked.append(1) or apply(*a))
+    model, x, _ = model_and_batch()
+    for block in model.blocks:
+        block.attn.chunk_bytes = 3 * 65 * 65 * 2  # three (image, head) pairs a chunk
+    x.requires_grad_()
+    with torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        out = model(x).float()
+    assert "_GeluLinear" in applied and bool(chunked) == autocast and ("_OneRowProduct" in applied) != autocast
+    grads = torch.randn(3, *out.shape)
+    (batched,) = torch.autograd.grad(out, x, grads, is_grads_batched=True, retain_graph=True)
+    loop = torch.stack([torch.autograd.grad(out, x, g, retain_graph=True)[0] for g in grads])
+    assert close(batched, loop, rel=1e-5 if not autocast else 2e-2)

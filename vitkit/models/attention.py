@@ -30,7 +30,7 @@ from ..device import cpu_autocast_is_bf16
 from .linear import dense, has_hooks, linear
 from .merge import size_bias
 from .posemb import Grid, resample_relative
-from .transforms import transformed
+from .transforms import transformed, transformed_backward
 
 ATTN_IMPLS = ("auto", "sdpa", "explicit")
 CHUNK_BYTES = 2**21  # the probabilities of one chunk of (image, head) pairs: about a core's L2 cache
@@ -80,6 +80,9 @@ class _ChunkedAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, probs = ctx.saved_tensors
+        if transformed_backward(grad):  # a transform over the backward pass (is_grads_batched): torch's ops, no out=
+            dz = torch._softmax_backward_data(grad @ v.transpose(1, 2), probs, -1, probs.dtype)
+            return ctx.scale * dz @ k, ctx.scale * dz.transpose(1, 2) @ q, probs.transpose(1, 2) @ grad, None, None
         grad = grad.contiguous()
         dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
         pairs, chunk, scale = q.shape[0], ctx.chunk, ctx.scale

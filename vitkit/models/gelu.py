@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .transforms import transformed
+from .transforms import transformed, transformed_backward
 
 _C2 = 2 * math.sqrt(2 / math.pi)  # 2 sqrt(2/pi): sigmoid(2 z) = (1 + tanh(z)) / 2
 _A = 0.044715
@@ -147,13 +147,16 @@ class _GeluTanh(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         (x,) = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: a gradient of the gradient may follow
+        # create_graph=True (a gradient of the gradient may follow), or a transform over the backward pass
+        # (is_grads_batched's vmap): torch's ops, which both see through
+        if torch.is_grad_enabled() or transformed_backward(grad):
             return recorded_backward(grad, x), None
         return ctx.kernels.backward(grad, x), None
 
 
 def recorded_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """x's gradient for a backward pass that builds a graph (``create_graph=True``): ATen's tanh-GELU gradient
+    """x's gradient for a backward pass that builds a graph (``create_graph=True``) or runs under a transform
+    (``is_grads_batched``): ATen's tanh-GELU gradient
     computed in fp32, which autograd records and differentiates by its analytic formula, so that a gradient of the
     gradient is the GELU's second derivative (within 5e-7 of float64's largest, relative, in fp32; differentiating
     the kernels' sigmoid form instead lost 1e-5)."""

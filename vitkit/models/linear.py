@@ -46,7 +46,7 @@ from torch.nn.modules import module as _module
 
 from ..device import cpu_autocast_is_bf16
 from .gelu import GELU, Kernels, recorded_backward_and_output
-from .transforms import transformed
+from .transforms import transformed, transformed_backward
 
 MIN_ROWS = 2048  # rows of the input (all but its last dim) from which oneDNN's matmul is the faster
 MIN_SIDE = 128  # in_features and out_features both at least this
@@ -80,8 +80,9 @@ def _param_grads(ctx: Any, grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.T
 
 def _input_grad(grad: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """g W. In fp32 through oneDNN reading W^T in place; in bf16 torch's matmul, on oneDNN already; and with
-    create_graph=True (a gradient of the gradient) torch's matmul, which records it."""
-    if weight.dtype == torch.float32 and not torch.is_grad_enabled():
+    create_graph=True (a gradient of the gradient) or under a transform (is_grads_batched's vmap) torch's matmul,
+    which those see through."""
+    if weight.dtype == torch.float32 and not torch.is_grad_enabled() and not transformed_backward(grad):
         return _matmul(grad, weight.t(), None, pack=False)
     return grad.matmul(weight)
 
@@ -169,7 +170,8 @@ class _GeluLinear(torch.autograd.Function):
         # create_graph=True in fp32: the GELU as torch's ops, which autograd records with the matmuls, so that a
         # gradient of the gradient is that of the two layers; under autocast the saved bf16 weight is a copy that
         # autograd cannot trace back to the parameter, and a gradient of the gradient is refused
-        if torch.is_grad_enabled() and not ctx.autocast:
+        recorded = torch.is_grad_enabled()
+        if (recorded and not ctx.autocast) or (transformed_backward(grad) and not recorded):
             return _GeluLinear._gradients(ctx, grad, recorded_backward_and_output)
         return _GeluLinear._kernel_backward(ctx, grad)
 

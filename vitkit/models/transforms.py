@@ -5,7 +5,9 @@ matmuls (linear.py), the tanh-GELU kernels (gelu.py), and the written-out attent
 (attention.py), each the function of the torch ops it stands for. They define a backward pass, and nothing for the
 machinery that looks through the ops themselves: torch.jit tracing, torch.func's transforms (grad, vmap, jvp, ...)
 and forward-mode AD (``torch.autograd.forward_ad``'s dual tensors). There they give way to the torch ops, so that a
-model computes the same there as anywhere else.
+model computes the same there as anywhere else. Their backward passes do the same where the backward pass itself is
+transformed: ``torch.autograd.grad(..., is_grads_batched=True)`` (and so ``torch.autograd.functional.jacobian(...,
+vectorize=True)``) runs it under a vmap.
 """
 
 from __future__ import annotations
@@ -22,3 +24,9 @@ def transformed() -> bool:
         or torch._C._are_functorch_transforms_active()
         or forward_ad._current_level >= 0  # the dual level entered, -1 outside one
     )
+
+
+def transformed_backward(grad: torch.Tensor) -> bool:
+    """Whether a backward pass receiving ``grad`` runs transformed: ``transformed()``, or ``grad`` batched by
+    ``is_grads_batched`` (torch.autograd.grad's vmap, the legacy one, which ``transformed`` does not see)."""
+    return transformed() or torch._C._functorch.is_legacy_batchedtensor(grad)
