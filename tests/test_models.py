@@ -407,7 +407,7 @@ def test_under_autocast_the_residual_stream_is_in_the_parameters_dtype(pos_embed
 
 def test_under_autocast_a_relative_position_models_gradients_are_float64s_to_bf16_rounding():
     """The final LayerNorm's bias gradient sums a batch's gradients that nearly cancel: computed in bf16, as the
-    residual stream was with relative positions and a GAP head, it came out 16-84% off float64's."""
+    residual stream was with relative positions and a GAP head, it came out 39-84% off float64's."""
     torch.manual_seed(0)
     cfg = dict(TINY, img_size=32, patch_size=4, width=128, num_heads=2, mlp_dim=512, num_classes=5)
     model = VisionTransformer(**cfg, pos_embed="relative", classifier="gap").train()
