@@ -28,9 +28,9 @@ A third kernel computes the gradient and the GELU itself in one pass, for the ML
 (``vitkit.models.linear.gelu_dense``), which reads the GELU's output for its weight's gradient and so need not
 keep it from the forward pass: both outputs are those of the other two kernels, bit for bit.
 
-A backward pass that builds a graph (``create_graph=True``: gradient penalties, second-order methods) computes the
-gradient with ATen's GELU ops in fp32 instead, which autograd records: a gradient of the gradient is the GELU's,
-as with nn.GELU.
+A backward pass that builds a graph (``create_graph=True``: gradient penalties, second-order methods), or that runs
+under a vmap (``is_grads_batched``), computes the gradient with ATen's GELU ops in fp32 instead, which autograd
+records and vmap batches: a gradient of the gradient is the GELU's, as with nn.GELU.
 """
 
 from __future__ import annotations
@@ -156,10 +156,9 @@ class _GeluTanh(torch.autograd.Function):
 
 def recorded_backward(grad: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """x's gradient for a backward pass that builds a graph (``create_graph=True``) or runs under a transform
-    (``is_grads_batched``): ATen's tanh-GELU gradient
-    computed in fp32, which autograd records and differentiates by its analytic formula, so that a gradient of the
-    gradient is the GELU's second derivative (within 5e-7 of float64's largest, relative, in fp32; differentiating
-    the kernels' sigmoid form instead lost 1e-5)."""
+    (``is_grads_batched``): ATen's tanh-GELU gradient computed in fp32, which autograd records and differentiates by
+    its analytic formula, so that a gradient of the gradient is the GELU's second derivative (within 5e-7 of
+    float64's largest, relative, in fp32; differentiating the kernels' sigmoid form instead lost 1e-5)."""
     return torch.ops.aten.gelu_backward(grad.float(), x.float(), approximate="tanh").to(x.dtype)
 
 
