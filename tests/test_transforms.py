@@ -1,6 +1,7 @@
 """vitkit's own autograd functions (oneDNN Dense layers, tanh-GELU kernels, one-row attention products) give way to
-torch's ops under torch.func transforms and forward-mode AD: a training-mode ViT at the sizes where all of them run
-gives float64's gradients and tangents there, to fp32 rounding."""
+torch's ops under torch.func transforms and forward-mode AD, and their backward passes under batched gradients'
+vmap: a training-mode ViT at the sizes where all of them run gives float64's gradients and tangents there, to fp32
+rounding, and a loop's gradients."""
 
 from __future__ import annotations
 
