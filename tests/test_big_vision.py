@@ -356,7 +356,7 @@ def test_map_head_init_and_every_new_parameter_gets_a_gradient():
                               num_classes=CLASSES, classifier="map")  # fmt: skip
     pool = model.attn_pool
     bound = math.sqrt(6 / (1 + D))  # Flax xavier_uniform of a (1, 1, D) probe
-    assert 0 < float(pool.latent.abs().max()) <= bound and float(pool.q.bias.abs().max()) == 0
+    assert 0 < float(pool.latent.detach().abs().max()) <= bound and float(pool.q.bias.detach().abs().max()) == 0
     with torch.no_grad():
         model.head.weight.normal_()  # a zero head passes no gradient back
     model(images()).square().sum().backward()
