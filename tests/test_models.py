@@ -421,3 +421,20 @@ def test_under_autocast_a_relative_position_models_gradients_are_float64s_to_bf1
     torch.nn.functional.cross_entropy(wide(x.double()), y).backward()
     for (name, p), p64 in zip(model.named_parameters(), wide.parameters(), strict=True):
         assert (p.grad.double() - p64.grad).norm() <= 0.05 * p64.grad.norm(), name
+
+
+def test_a_hybrids_patch_projection_with_a_hook_runs_by_its_call():
+    """On a hybrid's feature map the patch projection is computed as the matmul it is (more accurate than the CPU
+    conv kernel), which would not run the conv's hooks; with a hook of its own the conv is called, to rounding the
+    same output."""
+    model = tiny(resnet_layers=(), patch_size=2, classifier="gap")
+    randomize_head(model)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+    seen: list[tuple[int, ...]] = []
+    model.patch_embed.proj.register_forward_hook(lambda m, args, out: seen.append(tuple(out.shape)))
+    with torch.no_grad():
+        got = model(x)
+    assert seen == [(2, TINY["width"], 4, 4)]
+    torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()), rtol=1e-5)

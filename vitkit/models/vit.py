@@ -45,6 +45,7 @@ from .common import (
     zero_head,
 )
 from .heads import CLASSIFIERS, FIRST_TOKEN, MAPHead, pool_tokens
+from .linear import has_hooks
 from .merge import merge_tokens
 from .posemb import (
     relative_index,
@@ -306,7 +307,8 @@ class PatchEmbed(nn.Module):
     On images the conv kernel is used: it keeps the input for backward without a copy (less memory, faster
     training). On a hybrid's feature map (hundreds of channels, large values) the same map is computed as the
     matmul it is, whose summation is more accurate than CPU conv kernels: 1.1e-5 vs 2.4e-5 from the official
-    outputs on 8x8 patches of 64 channels, where the official output's own float32 rounding is 1.05e-5.
+    outputs on 8x8 patches of 64 channels, where the official output's own float32 rounding is 1.05e-5; but the
+    conv's call where it has hooks of its own, which the matmul would not run.
     """
 
     def __init__(self, cfg: ViTConfig) -> None:
@@ -325,8 +327,8 @@ class PatchEmbed(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
         """Image or feature map (B, C, H, W) -> tokens (B, gh * gw, D) in raster order, and the grid (gh, gw)."""
-        if self.backbone is None:
-            x = self.proj(x)  # (B, D, gh, gw)
+        if self.backbone is None or has_hooks(self.proj):
+            x = self.proj(x)  # (B, D, gh, gw); a remainder smaller than a patch is dropped
             return x.flatten(2).transpose(1, 2), (x.shape[-2], x.shape[-1])
         B, C, H, W = x.shape
         ph, pw = self.proj.kernel_size
