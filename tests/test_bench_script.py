@@ -57,21 +57,29 @@ def test_precision_comparison_times_each_precision_against_its_own_peak(bench):
     text, targets, doc = bench.precision_comparison(
         args, 2, ["fp32", "int8"], {}, "vit_ti16", img_size=32, depth=2, num_classes=10
     )
-    assert set(doc["rows"]) == {"fp32 vitkit", "fp32 transformers", "int8 vitkit", "int8 transformers"}
+    assert set(doc["rows"]) == {
+        "fp32 vitkit",
+        "fp32 vitkit, peers' switch",  # vitkit's model as the peers run: as built in fp32 (int8 has no such row)
+        "fp32 transformers",
+        "int8 vitkit",
+        "int8 transformers",
+    }
     assert set(doc["peaks_g_per_s"]) == {"fp32", "int8"} and all(v > 0 for v in doc["peaks_g_per_s"].values())
     config = create_model("vit_ti16", img_size=32, depth=2, num_classes=10).config
     executed = {True: vit_flops(config, logits_path=True)["total"], False: vit_flops(config)["total"]}
     assert executed[True] < executed[False]  # vitkit's last block computes the class token alone
     for name, row in doc["rows"].items():
-        p, impl = name.split()
+        p, impl = name.split(" ", 1)
         # each row against the peak of its own precision timed in the same round, with the FLOPs that implementation
-        # executes, then the median over rounds
+        # executes (vitkit's model under either switch: its class-token block), then the median over rounds
         probe_s = doc["times_s"][f"{p} matmul peak"]
         probe_ops = doc["peaks_g_per_s"][p] * 1e9 * statistics.median(probe_s)
-        shares = [2 * executed[impl == "vitkit"] / t / (probe_ops / s) for t, s in zip(doc["times_s"][name], probe_s)]
+        flops = executed[impl.startswith("vitkit")]
+        shares = [2 * flops / t / (probe_ops / s) for t, s in zip(doc["times_s"][name], probe_s)]
         assert len(shares) == 3 and row["utilisation"] == pytest.approx(statistics.median(shares), rel=1e-9), name
         assert (row["ratio"] is None) == (impl == "vitkit"), name
-    assert [t[0].split(":")[0] for t in targets] == ["batch 2 fp32"] * 2 + ["batch 2 int8"] * 2
+    assert [t[0].split(":")[0] for t in targets] == ["batch 2 fp32"] * 3 + ["batch 2 int8"] * 2
+    assert targets[2][0] == "batch 2 fp32: vitkit under the peers' switch / transformers" and targets[2][2] is None
     assert "int8 matmul peak" not in doc["rows"] and "fp32 transformers" in text
 
 

@@ -1,6 +1,9 @@
-"""The Dense layers' oneDNN matmuls in fp32 training: the function and gradients of F.linear, and where they apply."""
+"""The Dense layers' oneDNN matmuls on a CPU: in training the function and gradients of F.linear, in inference its
+function (the MLP's GELU inside its first matmul); and where they apply."""
 
 from __future__ import annotations
+
+import copy
 
 import pytest
 import torch
@@ -20,6 +23,10 @@ def operands(rows: int = MIN_ROWS, d_in: int = MIN_SIDE, d_out: int = 3 * MIN_SI
     x = torch.randn(lead, rows // lead, d_in, dtype=torch.float64)
     w = torch.randn(d_out, d_in, dtype=torch.float64) / d_in**0.5
     return x, w, torch.randn(d_out, dtype=torch.float64), torch.randn(lead, rows // lead, d_out, dtype=torch.float64)
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass that changes nothing (torch's default __torch_function__)."""
 
 
 def count_onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -88,6 +95,7 @@ def test_where_it_applies() -> None:
         assert uses_onednn(x, w) and uses_onednn(x.bfloat16(), w)
     with torch.autocast("cpu", dtype=torch.float16):
         assert not uses_onednn(x, w)
+    assert not uses_onednn(x, w.detach().as_subclass(Tagged).requires_grad_())  # a tensor subclass: its own ops
     assert not uses_onednn(x.double(), w.detach().double().requires_grad_())
     assert not uses_onednn(x.bfloat16(), w.detach().bfloat16().requires_grad_())
 
@@ -292,3 +300,184 @@ def test_under_bf16_autocast_the_fused_mlp_refuses_a_gradient_of_the_gradient() 
     (gx,) = torch.autograd.grad(y.float().pow(2).sum(), x, create_graph=True)
     with pytest.raises(RuntimeError, match="once_differentiable"):
         gx.sum().backward()
+
+
+# ------------------------------------------------------------------------------------------------- inference
+def count_gelu_matmuls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The GELU algorithm of every oneDNN matmul that applies one ("none" for erf, "tanh")."""
+    calls: list[str] = []
+    op = torch.ops.mkldnn._linear_pointwise
+
+    class Counted:
+        def __call__(self, x, w, b, post_op, scalars, algorithm):
+            if post_op == "gelu":
+                calls.append(algorithm)
+            return op(x, w, b, post_op, scalars, algorithm)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", Counted())
+    return calls
+
+
+@pytest.mark.parametrize("rows, lead", [(1, 1), (197, 1), (197, 8), (MIN_ROWS, 1)])
+def test_in_inference_a_layer_is_one_onednn_matmul(rows: int, lead: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp32: float64's result to fp32 rounding (oneDNN's summation, not MKL's); bf16: F.linear's bits (nn.Linear
+    runs oneDNN's matmul there too, the bias rounded in once either way)."""
+    calls = count_onednn_calls(monkeypatch)
+    x64, w64, b64, _ = operands(rows=rows * lead, lead=lead)
+    w, b = w64.float().requires_grad_(), b64.float().requires_grad_()  # parameters: no_grad makes it inference
+    with torch.no_grad():
+        y = linear(x64.float(), w, b)
+        yb = linear(x64.bfloat16(), w.bfloat16(), b.bfloat16())
+        yb_none = linear(x64.bfloat16(), w.bfloat16())
+        assert len(calls) == 3
+        assert torch.equal(yb, F.linear(x64.bfloat16(), w.bfloat16(), b.bfloat16()))
+        assert torch.equal(yb_none, F.linear(x64.bfloat16(), w.bfloat16()))
+    want = F.linear(x64, w64, b64)
+    assert y.dtype == torch.float32 and y.shape == want.shape
+    assert (y.double() - want).abs().max() <= 2e-6 * want.abs().max()
+
+
+def test_where_inference_runs_onednn() -> None:
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitkit.models.linear import infers_onednn
+
+    x64, w64, b64, _ = operands(rows=197)
+    x, w, b = x64.float(), w64.float().requires_grad_(), b64.float().requires_grad_()
+    with torch.no_grad():
+        assert infers_onednn(x, w, b) and infers_onednn(x, w, None)
+        assert infers_onednn(x.bfloat16(), w.bfloat16(), b.bfloat16())
+        assert not infers_onednn(x.bfloat16(), w, b)  # the weight in another dtype than the input's
+        assert not infers_onednn(x.bfloat16(), w.bfloat16(), b)
+        assert not infers_onednn(x.half(), w.half(), b.half()) and not infers_onednn(x64, w64, b64)
+        assert not infers_onednn(x[..., 1:], w[:, 1:], b)  # in_features below MIN_SIDE
+        assert not infers_onednn(x, w[: MIN_SIDE - 1], b[: MIN_SIDE - 1])  # out_features below MIN_SIDE
+        assert not infers_onednn(x[0, 0], w, b)  # one vector, no rows
+        assert not infers_onednn(x.to("meta"), w.to("meta"), b.to("meta"))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert not infers_onednn(x, w, b)  # autocast casts in F.linear
+        with FlopCounterMode(display=False):
+            assert not infers_onednn(x, w, b)  # a dispatch mode sees ATen's ops (FLOPs counted)
+    with torch.inference_mode():
+        assert infers_onednn(x, w, b)
+    with torch.no_grad():  # a tensor subclass (torchao's quantised weights) runs F.linear's ops its own way
+        assert not infers_onednn(x, w.as_subclass(Tagged), b) and not infers_onednn(x.as_subclass(Tagged), w, b)
+        assert not infers_onednn(x, w, b.as_subclass(Tagged))
+    assert not infers_onednn(x, w, b)  # autograd records the product: training (uses_onednn, or F.linear)
+    assert not infers_onednn(x, w.detach(), b)  # the bias alone records
+    assert infers_onednn(x, w.detach(), b.detach())  # nothing records
+
+
+def inference_vit(dtype: torch.dtype, **overrides) -> nn.Module:
+    cfg = dict(img_size=32, patch_size=4, width=MIN_SIDE, depth=2, num_heads=2, mlp_dim=2 * MIN_SIDE, num_classes=5)
+    torch.manual_seed(0)
+    model = vitkit.create_model("vit_ti16", **{**cfg, **overrides}).eval()
+    with torch.no_grad():
+        model.head.weight.normal_(std=0.1)  # the zero head would make every logit the bias
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):  # not the identity: errors through them would be the same either way
+                m.weight.normal_(1, 0.2), m.bias.normal_(0, 0.2)
+    return model.to(dtype)
+
+
+def hook_dense_layers(model: nn.Module) -> list[int]:
+    """A forward hook doing nothing on every nn.Linear and GELU: each is then called as itself (F.linear, ATen's
+    GELU); returns the list the hooks append to."""
+    seen: list[int] = []
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.GELU)):
+            m.register_forward_hook(lambda *args: seen.append(1))
+    return seen
+
+
+@pytest.mark.parametrize("gelu", ["tanh", "exact"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_an_inferring_vit_applies_each_gelu_inside_its_first_matmul(gelu: str, dtype, monkeypatch) -> None:
+    """Logits of a ViT in eval mode (attention written out and fused, class-token block included) against the
+    float64 model's: fp32 to its rounding, bf16 about as far off as the same model with the layers called as
+    nn.Linear and nn.GELU (over 20 logits bf16's roundings are noise; the layer's own test bounds them)."""
+    gelus = count_gelu_matmuls(monkeypatch)
+    model = inference_vit(dtype, gelu=gelu)
+    reference = inference_vit(torch.float64, gelu=gelu)
+    torch.manual_seed(1)
+    images = torch.randn(4, 3, 32, 32)
+    with torch.no_grad():
+        want = reference(images.double())
+        got = model(images.to(dtype)).double()
+        assert gelus == ["none" if gelu == "exact" else "tanh"] * 2  # one MLP a block
+        apart = copy.deepcopy(model)
+        seen = hook_dense_layers(apart)
+        got_apart = apart(images.to(dtype)).double()
+        assert len(gelus) == 2 and seen  # the hooked copy ran no fused matmul
+    scale = want.abs().max()
+    if dtype == torch.float32:
+        assert (got - want).abs().max() <= 1e-5 * scale
+    else:
+        assert (got - want).abs().mean() <= 2 * (got_apart - want).abs().mean()
+        assert (got - want).abs().max() <= 0.05 * scale
+
+
+@pytest.mark.parametrize("gelu", ["tanh", "none"])
+def test_in_bf16_the_fused_gelu_rounds_once(gelu: str) -> None:
+    """The GELU applied to the matmul's fp32 sums, then rounded to bf16 once: every output within a bf16 step of
+    float64's GELU of the same bf16 operands, where nn.Linear then nn.GELU rounds the sums first (further off)."""
+    from vitkit.models.linear import dense_gelu
+
+    torch.manual_seed(0)
+    fc1, act = nn.Linear(MIN_SIDE, 4 * MIN_SIDE).bfloat16().requires_grad_(False), nn.GELU(approximate=gelu)
+    x = torch.randn(8, 197, MIN_SIDE).bfloat16()
+    want = F.gelu(F.linear(x.double(), fc1.weight.double(), fc1.bias.double()), approximate=gelu)
+    got = dense_gelu(fc1, act, x)
+    assert got is not None and got.dtype == torch.bfloat16
+    err = (got.double() - want).abs()
+    assert (err <= 2**-8 * want.abs() + 1e-6).all()  # one bf16 step: 8 bits of significand
+    assert err.mean() < (act(fc1(x)).double() - want).abs().mean()
+
+
+def test_where_the_inferring_mlp_keeps_its_gelu_apart(monkeypatch: pytest.MonkeyPatch) -> None:
+    from vitkit.models.common import Mlp
+
+    gelus = count_gelu_matmuls(monkeypatch)
+    x = torch.randn(2, 197, MIN_SIDE)
+
+    def fused(mlp: Mlp, x: torch.Tensor = x, grad: bool = False) -> bool:
+        gelus.clear()
+        with torch.set_grad_enabled(grad):
+            mlp(x)
+        return bool(gelus)
+
+    mlp = Mlp(MIN_SIDE, 2 * MIN_SIDE).eval()
+    assert fused(mlp) and fused(mlp.bfloat16(), x.bfloat16())
+    assert fused(Mlp(MIN_SIDE, 2 * MIN_SIDE).train())  # training mode under no_grad: dropout comes after the GELU
+    assert not fused(Mlp(MIN_SIDE, 2 * MIN_SIDE).eval(), grad=True)  # autograd records: training's path
+    assert not fused(Mlp(MIN_SIDE // 2, MIN_SIDE // 2).eval(), x[..., : MIN_SIDE // 2])  # a small model's layers
+    for part in ("fc1", "act"):
+        hooked = Mlp(MIN_SIDE, 2 * MIN_SIDE).eval()
+        seen: list[int] = []
+        getattr(hooked, part).register_forward_hook(lambda *args, seen=seen: seen.append(1))
+        assert not fused(hooked) and seen == [1], part  # the hook's module is called, and runs its hook
+
+
+def test_flop_counter_counts_an_inferring_cpu_vit_as_on_the_meta_device() -> None:
+    """FlopCounterMode has no formula for oneDNN's matmul op: under it the layers run ATen's, on a CPU as on meta.
+    (Attention written out: it has none for SDPA's CPU kernel either, which is torch's own.)"""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vitkit.bench import model_flops
+
+    model = inference_vit(torch.float32, attn_impl="explicit")
+    for grad in (False, True):  # inference, and training's oneDNN layers (2,080 rows)
+        with FlopCounterMode(display=False) as counter, torch.set_grad_enabled(grad):
+            model(torch.randn(MIN_ROWS // 64, 3, 32, 32))
+        assert counter.get_total_flops() == MIN_ROWS // 64 * model_flops(model, 32, logits_path=True), grad
+
+
+def test_a_compiled_inferring_model_traces_f_linear_in_one_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls, gelus = count_onednn_calls(monkeypatch), count_gelu_matmuls(monkeypatch)
+    model = inference_vit(torch.float32)
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.compile(model, backend="eager", fullgraph=True)(images)
+        assert not calls and not gelus
+        model(images)  # the same call eagerly runs them, whatever the rows (block 1 computes the class token alone)
+    assert len(calls) == 7 and len(gelus) == 2  # qkv, proj, fc2; query, keys and values, proj, fc2; each fc1

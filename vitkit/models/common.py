@@ -12,7 +12,7 @@ from torch import nn
 
 from ..errors import ConfigError
 from .gelu import GELU
-from .linear import dense, gelu_dense, unhooked
+from .linear import dense, dense_gelu, gelu_dense, unhooked
 
 C = TypeVar("C")
 
@@ -84,6 +84,9 @@ class Mlp(nn.Module):
         self.drop = nn.Dropout(drop)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = dense_gelu(self.fc1, self.act, x)  # inference on a CPU: the GELU applied inside fc1's matmul
+        if a is not None:
+            return self.drop(dense(self.fc2, self.drop(a)))
         h = dense(self.fc1, x)
         if not (self.training and self.drop.p) and unhooked(self.drop):  # nothing between the GELU and fc2: in
             y = gelu_dense(self.act, self.fc2, h)  # training on a CPU, one function keeping h alone for backward

@@ -1,4 +1,4 @@
-"""The Dense layers' matmuls in training on a CPU: oneDNN where it multiplies faster than BLAS or autocast.
+"""The Dense layers' matmuls on a CPU, in training and inference: oneDNN where it is faster than BLAS or autocast.
 
 An nn.Linear on the CPU in fp32 multiplies through BLAS (MKL's sgemm), forward and backward. On 2 AMD EPYC
 cores (AVX512), oneDNN's matmul ran ViT-S/16's layer shapes at batch 32 (6,304 rows) about 10% faster forward and
@@ -17,19 +17,26 @@ the weight's bf16 copy, which autograd cannot trace back to the parameter); in f
 
 Where it does not pay it is nn.Linear as it is: fewer than 2,048 rows (at 1,576 rows oneDNN was no faster and at
 197 it was 0.74x, the reorders and the Python autograd function costing more than they save), a side narrower
-than 128 (64-wide layers ran 0.90-1.02x at 6,120 rows), inference (no autograd recording), other dtypes
-(autocast to fp16 too) and devices, and anything that needs to see an nn.Linear call: traced and compiled graphs
-(inductor picks its own kernels), torch.func transforms and forward-mode AD, and a layer with hooks or a subclass
-(LoRA, quantised layers). The thresholds were measured in fp32; bf16 keeps them.
+than 128 (64-wide layers ran 0.90-1.02x at 6,120 rows), other dtypes (autocast to fp16 too) and devices, and
+anything that needs to see an nn.Linear call: traced and compiled graphs (inductor picks its own kernels),
+torch.func transforms and forward-mode AD, Python dispatch modes (FlopCounterMode, which has no formula for
+oneDNN's op), tensor subclasses (torchao's quantised weights), and a layer with hooks or a subclass (LoRA,
+quantised layers). The thresholds were measured in fp32;
+bf16 keeps them.
 
-The MLP's second layer reads the GELU's output twice: as its input, and in the backward pass for its weight's
-gradient, so the two called apart keep both the GELU's input (for its gradient) and its output, two hidden
-activations a block. Where both run the code above (the GELU its compiled kernels, vitkit.models.gelu), the MLP
-calls them as one function (``gelu_dense``) that keeps the GELU's input alone and computes its output again in the
-backward pass, in the kernel that gives the input's gradient: the same outputs and gradients bit for bit, and a
-ViT-S/16 training step at batch 32 (2 AMD EPYC cores) took 1637-1653 MiB against 1905-1914 in fp32 and 1203-1318
-against 1453-1458 under bf16 autocast, as fast (1.011x, 95% interval 0.998-1.025, and 0.996x, 0.972-1.003;
-13 and 15 rounds taking turns in one process).
+In inference (autograd not recording) a layer whose sides are both at least 128, in fp32 or bf16 with the weight
+in the input's dtype and no autocast, is one oneDNN matmul on the weight as it is (no reorder, no autograd
+function), whatever its rows, where nn.Linear runs MKL's sgemm in fp32 (in bf16 it runs oneDNN's matmul already,
+with the same bits). The MLP's first layer then applies the GELU (erf or tanh, as the nn.GELU after it says) to the
+matmul's fp32 output inside the same call (``dense_gelu``): a pass over the hidden activations fewer and, in bf16,
+one rounding fewer, where ATen's tanh GELU is slow on the CPU in both precisions. ``python
+benchmarks/inference_onednn.py``, two runs on 2 AMD EPYC cores (AVX512-BF16), 9 rounds taking turns in one process:
+ViT-B/16's layer shapes 1.07-1.27x faster in fp32 at 197 rows and 1.01-1.11x at 1,576 and 12,608, 0.99-1.06x in
+bf16; its first MLP layer with the GELU 1.13-1.37x in fp32 and 1.16-1.22x in bf16; and the model itself, as built
+or after ``model.to(torch.bfloat16)``, eagerly against the same model with its layers called as nn.Linear and
+nn.GELU, 1.22x and 1.35x in fp32 at batch 1, 1.11x and 1.09x at batch 8, 1.06x and 1.09x in bf16 at batch 1,
+1.09x and 1.10x at batch 8. fp32's largest error against float64 is oneDNN's summation's, 3-6e-6 where MKL's is
+1-3e-6 at these shapes; bf16's logits are the closer to float64's (mean error 0.0044 against 0.0048 at batch 1).
 """
 
 from __future__ import annotations
@@ -194,8 +201,21 @@ def _plain(layer: nn.Module) -> bool:
     return type(layer) is nn.Linear and unhooked(layer)
 
 
+def _plain_tensors(*tensors: torch.Tensor | None) -> bool:
+    """Whether each is a tensor or parameter itself, no subclass: a tensor subclass (torchao's quantised weights,
+    DTensor, ...) implements F.linear's ops for itself, and knows nothing of oneDNN's."""
+    return all(t is None or type(t) in (torch.Tensor, nn.Parameter) for t in tensors)
+
+
+def _dispatch_mode() -> bool:
+    """Whether a Python dispatch mode is active (FlopCounterMode, torch's tracing modes): it sees each ATen call,
+    and knows nothing of oneDNN's matmul op (FlopCounterMode counts it as no FLOPs)."""
+    return torch._C._len_torch_dispatch_stack() > 0
+
+
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls (the cases in the module's docstring)."""
+    """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls in training (the cases in the module's
+    docstring)."""
     if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
         return False
     # the size checks first: they turn away small models' layers for the least time a call
@@ -209,18 +229,59 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and (not autocast or cpu_autocast_is_bf16())
         and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
+        and _plain_tensors(x, weight)
         and _has_onednn()
         and not transformed()
+        and not _dispatch_mode()
+    )
+
+
+def infers_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+    """Whether ``linear(x, weight, bias)`` runs as one oneDNN matmul in inference (the module's docstring): on a
+    CPU, autograd not recording, fp32 or bf16 throughout, no autocast, both sides at least MIN_SIDE."""
+    if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
+        return False
+    if x.dim() < 2 or min(weight.shape) < MIN_SIDE:  # first: they turn away small models' layers soonest
+        return False
+    dtype = x.dtype
+    recorded = torch.is_grad_enabled() and (
+        x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
+    )
+    return (
+        x.device.type == "cpu"
+        and dtype in (torch.float32, torch.bfloat16)
+        and weight.dtype == dtype
+        and (bias is None or bias.dtype == dtype)
+        and not recorded
+        and not torch.is_autocast_enabled("cpu")
+        and _plain_tensors(x, weight, bias)
+        and _has_onednn()
+        and not transformed()
+        and not _dispatch_mode()
     )
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias); in training on a CPU, at sizes where it is faster, through vitkit's oneDNN calls
-    (fp32: forward and input gradient; bf16 autocast: the bias inside the matmul)."""
+    """F.linear(x, weight, bias); on a CPU, where it is faster, through oneDNN: in training vitkit's autograd
+    functions (fp32: forward and input gradient; bf16 autocast: the bias inside the matmul), in inference one
+    oneDNN matmul on the weight as it is."""
     if uses_onednn(x, weight):
         function = _OneDnnLinearAutocast if torch.is_autocast_enabled("cpu") else _OneDnnLinear
         return function.apply(x, weight, bias)
+    if infers_onednn(x, weight, bias):
+        return _matmul(x, weight, bias, pack=False)
     return F.linear(x, weight, bias)
+
+
+def dense_gelu(layer: nn.Module, act: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """act(layer(x)) as one oneDNN matmul that applies the GELU to its output, where ``linear`` would infer
+    through oneDNN (``infers_onednn``) and act is an nn.GELU (erf or tanh); None elsewhere, where the caller runs
+    the two apart. Neither module may have hooks: their calls are not made."""
+    if type(layer) is not nn.Linear or not infers_onednn(x, layer.weight, layer.bias):
+        return None
+    if type(act) not in (GELU, nn.GELU) or not (unhooked(layer) and unhooked(act)):
+        return None
+    return torch.ops.mkldnn._linear_pointwise(x, layer.weight, layer.bias, "gelu", [], act.approximate)
 
 
 def gelu_dense(act: nn.Module, layer: nn.Module, h: torch.Tensor) -> torch.Tensor | None:
