@@ -21,8 +21,7 @@ than 128 (64-wide layers ran 0.90-1.02x at 6,120 rows), other dtypes (autocast t
 anything that needs to see an nn.Linear call: traced and compiled graphs (inductor picks its own kernels),
 torch.func transforms and forward-mode AD, Python dispatch modes (FlopCounterMode, which has no formula for
 oneDNN's op), tensor subclasses (torchao's quantised weights), and a layer with hooks or a subclass (LoRA,
-quantised layers). The thresholds were measured in fp32;
-bf16 keeps them.
+quantised layers). The thresholds were measured in fp32; bf16 keeps them.
 
 In inference (autograd not recording) a layer whose sides are both at least 128, in fp32 or bf16 with the weight
 in the input's dtype and no autocast, is one oneDNN matmul on the weight as it is (no reorder, no autograd
