@@ -353,6 +353,8 @@ def test_where_inference_runs_onednn() -> None:
         assert not infers_onednn(x[..., 1:], w[:, 1:], b)  # in_features below MIN_SIDE
         assert not infers_onednn(x, w[: MIN_SIDE - 1], b[: MIN_SIDE - 1])  # out_features below MIN_SIDE
         assert not infers_onednn(x[0, 0], w, b)  # one vector, no rows
+        assert infers_onednn(x, w[MIN_SIDE:], b[MIN_SIDE:])  # rows of a weight (the class-token block's qkv)
+        assert not infers_onednn(x, w.t().contiguous().t(), b)  # a weight laid out by columns
         assert not infers_onednn(x.to("meta"), w.to("meta"), b.to("meta"))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             assert not infers_onednn(x, w, b)  # autocast casts in F.linear

@@ -237,7 +237,8 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 def infers_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
     """Whether ``linear(x, weight, bias)`` runs as one oneDNN matmul in inference (the module's docstring): on a
-    CPU, autograd not recording, fp32 or bf16 throughout, no autocast, both sides at least MIN_SIDE."""
+    CPU, autograd not recording, fp32 or bf16 throughout, a contiguous weight, no autocast, both sides at least
+    MIN_SIDE."""
     if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
         return False
     if x.dim() < 2 or min(weight.shape) < MIN_SIDE:  # first: they turn away small models' layers soonest
@@ -250,6 +251,7 @@ def infers_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x.device.type == "cpu"
         and dtype in (torch.float32, torch.bfloat16)
         and weight.dtype == dtype
+        and weight.is_contiguous()  # as a layer's own (row slices too): the layout these rates were measured in
         and (bias is None or bias.dtype == dtype)
         and not recorded
         and not torch.is_autocast_enabled("cpu")
