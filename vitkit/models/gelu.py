@@ -185,7 +185,8 @@ def gelu_tanh(x: torch.Tensor, training: bool = True) -> torch.Tensor:
     kernels above (training_kernels says where).
 
     Eager inference keeps ATen's kernel: a first call would otherwise wait seconds for the kernels to compile, for
-    a few percent of a forward pass (vitkit's own fast path fuses the GELU into the matmul before it).
+    a few percent of a forward pass; and on a CPU the MLP applies its GELU inside the matmul before it there, where
+    that layer runs as oneDNN's (``linear.dense_gelu``; the fast path's packed layers too).
     """
     if x.device.type == "cpu" and torch.compiler.is_compiling():  # in a compiled model, any precision: inductor
         return _forward(x)  # fuses this form with its neighbours, and lowers tanh itself as slowly as ATen
