@@ -357,7 +357,7 @@ def test_where_inference_runs_onednn() -> None:
         assert not infers_onednn(x, w.t().contiguous().t(), b)  # a weight laid out by columns
         assert not infers_onednn(x.to("meta"), w.to("meta"), b.to("meta"))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            assert not infers_onednn(x, w, b)  # autocast casts in F.linear
+            assert not infers_onednn(x, w, b)  # F.linear, whose weights autocast casts once for its context
         with FlopCounterMode(display=False):
             assert not infers_onednn(x, w, b)  # a dispatch mode sees ATen's ops (FLOPs counted)
     with torch.inference_mode():
