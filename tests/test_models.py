@@ -438,3 +438,18 @@ def test_a_hybrids_patch_projection_with_a_hook_runs_by_its_call():
         got = model(x)
     assert seen == [(2, TINY["width"], 4, 4)]
     torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()), rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
+@pytest.mark.parametrize("width", [32, 128], ids=["narrow", "onednn-wide"])  # 128: the Dense layers' oneDNN sizes
+def test_an_empty_batch_gives_empty_logits(attn_impl: str, width: int) -> None:
+    """A batch of no images (the last shard of an empty split, a filter that kept nothing): (0, classes) logits in
+    eval and training mode, fp32 and bf16, where the attention output's reshape once could not infer its width."""
+    model = tiny(width=width, attn_impl=attn_impl)
+    for dtype in (torch.float32, torch.bfloat16):
+        model = model.to(dtype)
+        for train in (False, True):
+            model.train(train)
+            with torch.set_grad_enabled(train):
+                logits = model(torch.zeros(0, 3, 32, 32, dtype=dtype))
+            assert logits.shape == (0, 5) and logits.dtype == dtype

@@ -218,8 +218,8 @@ class Attention(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # 3 x (B, nh, N, hd)
 
     def _out(self, x: torch.Tensor) -> torch.Tensor:
-        B, _, N, _ = x.shape
-        return self.proj_drop(dense(self.proj, x.transpose(1, 2).reshape(B, N, -1)))
+        B, nh, N, hd = x.shape
+        return self.proj_drop(dense(self.proj, x.transpose(1, 2).reshape(B, N, nh * hd)))  # (no -1: B may be 0)
 
     def _q_kv(self, x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Queries of the first n tokens, keys and values of all: the qkv matmul split by rows of its weight."""
