@@ -346,3 +346,10 @@ def test_unknown_names_and_foreign_resnetv2_are_refused(tmp_path):
     (tmp_path / "hub" / "config.json").write_text(json.dumps({"architecture": "resnetv2_50", "num_classes": 2}))
     with pytest.raises(UserError, match="'resnetv2_50' is a ResNetV2 but not BiT's"):
         load_model(tmp_path / "hub")
+
+
+def test_an_empty_batch_gives_empty_logits():
+    """GroupNorm names its group size where -1 could not be inferred from no elements (it raised for B = 0)."""
+    model = BiT(layers=(1, 1), width_factor=0.5, num_classes=3, img_size=32).eval()
+    with torch.no_grad():
+        assert model(torch.zeros(0, 3, 32, 32)).shape == (0, 3)

@@ -440,12 +440,20 @@ def test_a_hybrids_patch_projection_with_a_hook_runs_by_its_call():
     torch.testing.assert_close(got, want, atol=1e-5 * float(want.abs().max()), rtol=1e-5)
 
 
-@pytest.mark.parametrize("attn_impl", ["sdpa", "explicit"])
-@pytest.mark.parametrize("width", [32, 128], ids=["narrow", "onednn-wide"])  # 128: the Dense layers' oneDNN sizes
-def test_an_empty_batch_gives_empty_logits(attn_impl: str, width: int) -> None:
+EMPTY_BATCH_MODELS = {
+    "vit-sdpa": dict(attn_impl="sdpa"),
+    "vit-explicit": dict(attn_impl="explicit"),
+    "vit-onednn-wide": dict(width=128),  # the Dense layers' oneDNN sizes
+    "hybrid": dict(resnet_layers=(1,), patch_size=1),  # the ResNet stem's GroupNorm
+}
+
+
+@pytest.mark.parametrize("overrides", EMPTY_BATCH_MODELS.values(), ids=EMPTY_BATCH_MODELS.keys())
+def test_an_empty_batch_gives_empty_logits(overrides: dict) -> None:
     """A batch of no images (the last shard of an empty split, a filter that kept nothing): (0, classes) logits in
-    eval and training mode, fp32 and bf16, where the attention output's reshape once could not infer its width."""
-    model = tiny(width=width, attn_impl=attn_impl)
+    eval and training mode, fp32 and bf16, where the attention output's and GroupNorm's reshapes once could not
+    infer a size from no elements."""
+    model = tiny(**overrides)
     for dtype in (torch.float32, torch.bfloat16):
         model = model.to(dtype)
         for train in (False, True):

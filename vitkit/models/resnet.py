@@ -9,6 +9,7 @@ one to one.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -63,7 +64,8 @@ class GroupNorm(nn.GroupNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C = x.shape[:2]
-        g = x.reshape(B, self.num_groups, -1)  # (B, G, C/G * H * W)
+        # (B, G, C/G * H * W); the size named, not -1, which no elements (B = 0) cannot infer
+        g = x.reshape(B, self.num_groups, math.prod(x.shape[1:]) // self.num_groups)
         mean = g.mean(dim=-1, keepdim=True)
         var = (g - mean).square().mean(dim=-1, keepdim=True)
         y = ((g - mean) * torch.rsqrt(var + self.eps)).reshape(x.shape)
