@@ -41,10 +41,10 @@ def count_onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return calls
 
 
-@pytest.mark.parametrize("lead", [1, 8])
-def test_output_and_gradients_are_float64s_to_fp32_rounding(lead: int, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("rows, lead", [(MIN_ROWS, 1), (MIN_ROWS, 8), (197, 1), (32, 4)])  # packed, and not
+def test_output_and_gradients_are_float64s_to_fp32_rounding(rows: int, lead: int, monkeypatch) -> None:
     calls = count_onednn_calls(monkeypatch)
-    x64, w64, b64, g64 = operands(lead=lead)
+    x64, w64, b64, g64 = operands(rows=rows, lead=lead)
     x, w, b = (t.float().requires_grad_() for t in (x64, w64, b64))
     y = linear(x, w, b)
     y.backward(g64.float())
@@ -85,7 +85,7 @@ def test_where_it_applies() -> None:
     x64, w64, _, _ = operands()
     x, w = x64.float(), w64.float().requires_grad_()
     assert uses_onednn(x, w)
-    assert not uses_onednn(x[:, 1:], w)  # one row fewer than MIN_ROWS
+    assert uses_onednn(x[:, 1:], w) and uses_onednn(x[:, :1], w)  # fewer rows: the weight as it is, unpacked
     assert not uses_onednn(x[..., 1:], w[:, 1:])  # in_features below MIN_SIDE
     assert not uses_onednn(x, w[: MIN_SIDE - 1])  # out_features below MIN_SIDE
     assert not uses_onednn(x, w.detach())  # nothing records a gradient: inference
@@ -93,6 +93,7 @@ def test_where_it_applies() -> None:
         assert not uses_onednn(x, w)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert uses_onednn(x, w) and uses_onednn(x.bfloat16(), w)
+        assert not uses_onednn(x[:, 1:], w)  # under autocast from MIN_ROWS only
     with torch.autocast("cpu", dtype=torch.float16):
         assert not uses_onednn(x, w)
     assert not uses_onednn(x, w.detach().as_subclass(Tagged).requires_grad_())  # a tensor subclass: its own ops
@@ -134,14 +135,17 @@ def test_a_vit_step_through_onednn_equals_the_step_through_f_linear(monkeypatch:
         loss.backward()
         return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
-    calls = count_onednn_calls(monkeypatch)
+    packed: list[bool] = []
+    matmul = linear_mod._matmul
+    monkeypatch.setattr(linear_mod, "_matmul", lambda *args, pack=True: packed.append(pack) or matmul(*args, pack=pack))
     loss, grads = step()
-    # block 0: qkv, proj, fc1, fc2; block 1 (class token only): keys and values (its query and everything after it
-    # are one row an image); each forward and for the input's gradient
-    assert len(calls) == 2 * 5
-    monkeypatch.setattr(linear_mod, "MIN_ROWS", 10**9)
+    # block 0: qkv, proj, fc1, fc2 (2,080 rows); block 1 (class token only): keys and values (2,080 rows), query,
+    # projection, fc1 and fc2 (one row an image: 32); each forward and for the input's gradient, and only the
+    # forwards of 2,048 rows or more pack their weight first
+    assert len(packed) == 2 * 9 and sum(packed) == 5
+    monkeypatch.setattr(linear_mod, "uses_onednn", lambda x, weight: False)
     loss_ref, grads_ref = step()
-    assert len(calls) == 10
+    assert len(packed) == 18
     assert abs(loss - loss_ref) < 1e-6
     for name, g in grads_ref.items():
         assert (grads[name] - g).abs().max() <= 1e-5 * max(g.abs().max().item(), 1e-6), name
@@ -180,7 +184,7 @@ def test_a_compiled_model_traces_f_linear_in_one_graph(monkeypatch: pytest.Monke
     torch.compile(model, backend="eager", fullgraph=True)(images).sum().backward()
     assert not calls
     model(images).sum().backward()  # the same call eagerly does run them
-    assert len(calls) == 10
+    assert len(calls) == 18  # 9 layers (see the test above), forward and input gradient
 
 
 def mlp_step(model: nn.Module, autocast: bool) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:

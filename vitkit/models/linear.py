@@ -7,7 +7,14 @@ each call; for the input's gradient, read transposed in place), while MKL stays 
 gradient (g^T x: 164-172 GFLOP/s, oneDNN 87-118 through the transposed copies it needs). So in fp32 training a
 large enough layer runs forward and input gradient through oneDNN and the weight gradient through MKL: one layer's
 forward and backward 0.97-1.25x nn.Linear's (median 1.08x, 15 cases) at 2,364 to 12,608 rows, a ViT-S/16 fp32
-training step 1.09x. The same function to the rounding of another fp32 summation order.
+training step 1.09x. The same function to the rounding of another fp32 summation order. Below 2,048 rows the
+forward reads the weight as it is rather than reordering it first, which costs more than it saves there (with the
+reorder oneDNN was no faster at 1,576 rows, and down to 0.61x at 8 rows on ViT-S/16's shapes): the layer's
+forward and backward then ran 1.00-1.86x nn.Linear's at 8 rows, 1.07-1.44x at 32, 1.03-1.23x at 197 and
+1.01-1.07x at 1,576 (ViT-S/16's and ViT-B/16's layer shapes, 9 rounds taking turns in one process), and a whole
+fp32 training step 1.037x for ViT-S/16 at batch 8 (95% interval 1.028-1.055, 12 rounds) and 1.049x for ViT-B/16 at
+batch 4 (1.044-1.062, 10 rounds); at 6,304 rows the reorder still pays (1.07-1.12x against 1.05-1.10x as it is).
+Small batches gain (fine-tuning on a CPU), and the class-token-only last block's layers at any batch.
 
 Under CPU bf16 autocast the products are oneDNN's already, but autocast's addmm first copies the bias into the
 output and then accumulates into it; oneDNN adds the bias inside its matmul instead, with the same bits (the
@@ -15,9 +22,9 @@ output, and every gradient, as autocast gives them): 1.2-2 ms less of a ViT-S/16
 bf16-autocast ViT-S/16 training step 1.04x. A gradient of the gradient is refused there (the backward pass reads
 the weight's bf16 copy, which autograd cannot trace back to the parameter); in fp32 it is F.linear's.
 
-Where it does not pay it is nn.Linear as it is: fewer than 2,048 rows (at 1,576 rows oneDNN was no faster and at
-197 it was 0.74x, the reorders and the Python autograd function costing more than they save), a side narrower
-than 128 (64-wide layers ran 0.90-1.02x at 6,120 rows), other dtypes (autocast to fp16 too) and devices, and
+Where it does not pay it is nn.Linear as it is: under bf16 autocast fewer than 2,048 rows (at 32 to 197 rows
+0.94-1.05x with the weight as it is, 0.72-0.93x reordered), a side narrower than 128 (64-wide layers ran 0.90-1.02x
+at 6,120 rows), other dtypes (autocast to fp16 too) and devices, and
 anything that needs to see an nn.Linear call: traced and compiled graphs (inductor picks its own kernels),
 torch.func transforms and forward-mode AD, Python dispatch modes (FlopCounterMode, which has no formula for
 oneDNN's op), tensor subclasses (torchao's quantised weights), and a layer with hooks or a subclass (LoRA,
@@ -57,7 +64,8 @@ from ..device import cpu_autocast_is_bf16
 from .gelu import GELU, Kernels, recorded_backward_and_output
 from .transforms import transformed, transformed_backward
 
-MIN_ROWS = 2048  # rows of the input (all but its last dim) from which oneDNN's matmul is the faster
+MIN_ROWS = 2048  # rows of the input (all but its last dim): from these fp32's forward packs the weight first, and
+# bf16 autocast runs oneDNN's matmul at all
 MIN_SIDE = 128  # in_features and out_features both at least this
 
 
@@ -106,7 +114,7 @@ class _OneDnnLinear(torch.autograd.Function):
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return _matmul(x, weight, bias)
+        return _matmul(x, weight, bias, pack=x.numel() >= MIN_ROWS * x.shape[-1])  # fewer rows: the weight as it is
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
@@ -221,9 +229,11 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
         return False
     # the size checks first: they turn away small models' layers for the least time a call
-    if x.dim() < 2 or min(weight.shape) < MIN_SIDE or x.numel() < MIN_ROWS * x.shape[-1]:
+    if x.dim() < 2 or min(weight.shape) < MIN_SIDE:
         return False
     autocast = torch.is_autocast_enabled("cpu")
+    if autocast and x.numel() < MIN_ROWS * x.shape[-1]:
+        return False
     return (
         x.device.type == "cpu"
         and weight.dtype == torch.float32
