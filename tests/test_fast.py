@@ -412,7 +412,7 @@ def test_optimize_for_inference_runs_a_packed_copy_sharing_the_models_tensors():
     torch.testing.assert_close(fast(x), want, atol=1e-5, rtol=1e-5)
     # where torch has no oneDNN, the model itself runs
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(fast_mod, "can_pack_linears", lambda device: False)
+        mp.setattr(fast_mod, "can_pack_linears", lambda device, dtype: False)
         assert optimize_for_inference(model, "fp32", compile="none").model is model
 
 

@@ -51,7 +51,7 @@ from .errors import UserError
 from .models import VisionTransformer
 from .models.attention import Attention
 from .models.common import Mlp
-from .models.linear import has_hooks
+from .models.linear import has_hooks, onednn_bf16
 
 PRECISIONS = ("auto", "fp32", "bf16", "int8")
 DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
@@ -307,9 +307,11 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}{gelu}"
 
 
-def can_pack_linears(device: torch.device) -> bool:
-    """Whether pack_linears applies: on the CPU, where torch has oneDNN."""
-    return device.type == "cpu" and torch.backends.mkldnn.is_available()
+def can_pack_linears(device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
+    """Whether pack_linears applies to weights of dtype: on the CPU, where torch has oneDNN, and for bf16 where
+    oneDNN multiplies it (no AVX2-only CPU: there its bf16 reorder refuses to run)."""
+    cpu = device.type == "cpu" and torch.backends.mkldnn.is_available()
+    return cpu and (dtype != torch.bfloat16 or onednn_bf16())
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
@@ -501,5 +503,5 @@ def optimize_for_inference(
         return InferenceModel(quantize_int8(model), torch.float32, compile, "int8")
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
     model.eval().requires_grad_(False).to(dtype)
-    run = pack_linears(model) if can_pack_linears(device) else model
+    run = pack_linears(model) if can_pack_linears(device, dtype) else model
     return InferenceModel(run, dtype, compile, precision, source=model)

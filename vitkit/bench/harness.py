@@ -230,7 +230,7 @@ def probe_kernels(dtype: torch.dtype, device: torch.device, n: int) -> list[Matm
             unsigned = (a.to(torch.int16) + 128).to(torch.uint8)  # the layer's input, q(x) + 128
             return [first, MatmulProbe("oneDNN int8, packed", a, b, functools.partial(layer.products, unsigned))]
         return [first]
-    if can_pack_linears(device) and dtype in (torch.float32, torch.bfloat16):
+    if dtype in (torch.float32, torch.bfloat16) and can_pack_linears(device, dtype):
         return [first, MatmulProbe("oneDNN, packed", a, b, functools.partial(PackedLinear(_dense(b)), a))]
     return [first]
 

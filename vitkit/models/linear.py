@@ -83,6 +83,13 @@ def _has_onednn() -> bool:
     return torch.backends.mkldnn.is_available() and platform.machine().lower() in ("x86_64", "amd64")
 
 
+@functools.cache
+def onednn_bf16() -> bool:
+    """Whether oneDNN multiplies bf16 on this CPU (AVX512 or AVX-NE-CONVERT; torch's own check): without, its bf16
+    matmul and weight reorder refuse to run (AVX2-only CPUs), and bf16 stays with F.linear."""
+    return _has_onednn() and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+
+
 def _reordered(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight, None)
 
@@ -246,7 +253,7 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
         x.device.type == "cpu"
         and weight.dtype == torch.float32
         and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and autocast))
-        and (not autocast or cpu_autocast_is_bf16())
+        and (not autocast or (cpu_autocast_is_bf16() and onednn_bf16()))
         and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
         and _plain_tensors(x, weight)
@@ -270,7 +277,7 @@ def infers_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
     )
     return (
         x.device.type == "cpu"
-        and dtype in (torch.float32, torch.bfloat16)
+        and (dtype == torch.float32 or (dtype == torch.bfloat16 and onednn_bf16()))
         and weight.dtype == dtype
         and weight.is_contiguous()  # as a layer's own (row slices too): the layout these rates were measured in
         and (bias is None or bias.dtype == dtype)
