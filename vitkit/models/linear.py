@@ -238,6 +238,18 @@ def _dispatch_mode() -> bool:
     return torch._C._len_torch_dispatch_stack() > 0
 
 
+def _onednn_may_run(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
+    """What both of vitkit's oneDNN paths ask past their sizes and dtypes: a CPU input, no tensor subclass, oneDNN
+    here, and nothing that must see F.linear's own ops (torch.func transforms, forward-mode AD, dispatch modes)."""
+    return (
+        x.device.type == "cpu"
+        and _plain_tensors(x, *operands)
+        and _has_onednn()
+        and not transformed()
+        and not _dispatch_mode()
+    )
+
+
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls in training (the cases in the module's
     docstring)."""
@@ -250,16 +262,12 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if autocast and x.numel() < MIN_ROWS * x.shape[-1]:
         return False
     return (
-        x.device.type == "cpu"
-        and weight.dtype == torch.float32
+        weight.dtype == torch.float32
         and (x.dtype == torch.float32 or (x.dtype == torch.bfloat16 and autocast))
         and (not autocast or (cpu_autocast_is_bf16() and onednn_bf16()))
         and torch.is_grad_enabled()
         and (x.requires_grad or weight.requires_grad)
-        and _plain_tensors(x, weight)
-        and _has_onednn()
-        and not transformed()
-        and not _dispatch_mode()
+        and _onednn_may_run(x, weight)
     )
 
 
@@ -276,17 +284,13 @@ def infers_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
         x.requires_grad or weight.requires_grad or (bias is not None and bias.requires_grad)
     )
     return (
-        x.device.type == "cpu"
-        and (dtype == torch.float32 or (dtype == torch.bfloat16 and onednn_bf16()))
+        (dtype == torch.float32 or (dtype == torch.bfloat16 and onednn_bf16()))
         and weight.dtype == dtype
         and weight.is_contiguous()  # as a layer's own (row slices too): the layout these rates were measured in
         and (bias is None or bias.dtype == dtype)
         and not recorded
         and not torch.is_autocast_enabled("cpu")
-        and _plain_tensors(x, weight, bias)
-        and _has_onednn()
-        and not transformed()
-        and not _dispatch_mode()
+        and _onednn_may_run(x, weight, bias)
     )
 
 
