@@ -1,5 +1,6 @@
 """Shared fixtures: ``device`` runs a test on the CPU and, where CUDA is available, again on the GPU; ``script`` is
-the benchmark script a test module names in its SCRIPT, loaded as a module."""
+the benchmark script a test module names in its SCRIPT, loaded as a module. The ``onednn_bf16`` marker skips a test
+where oneDNN multiplies no bf16."""
 
 from __future__ import annotations
 
@@ -10,6 +11,23 @@ import pytest
 import torch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "onednn_bf16: needs oneDNN's bf16 matmuls (vitkit's bf16 Dense paths)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked onednn_bf16 skip where oneDNN multiplies no bf16 (AVX2-only CPUs: it needs AVX512 or
+    AVX-NE-CONVERT); there vitkit's bf16 Dense paths give way to F.linear."""
+    from vitkit.models.linear import onednn_bf16
+
+    if onednn_bf16():
+        return
+    skip = pytest.mark.skip(reason="oneDNN multiplies no bf16 on this CPU")
+    for item in items:
+        if "onednn_bf16" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(params=DEVICES, ids=DEVICES)

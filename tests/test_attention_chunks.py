@@ -12,10 +12,6 @@ import vitkit.models.attention as attention
 from vitkit.device import bf16_is_fast
 from vitkit.models import VisionTransformer
 from vitkit.models.attention import Attention, attention_chunk, chunked_attention
-from vitkit.models.linear import onednn_bf16
-
-# oneDNN's bf16 matmuls (vitkit's bf16 Dense paths) need AVX512 or AVX-NE-CONVERT: elsewhere F.linear runs
-ONEDNN_BF16 = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN multiplies no bf16 on this CPU")
 
 
 def _qkv(pairs: tuple[int, int], n: int, N: int, hd: int, seed: int = 0) -> list[torch.Tensor]:
@@ -130,7 +126,7 @@ def _chunk_small(monkeypatch, model: torch.nn.Module) -> list[int]:
     return used
 
 
-@ONEDNN_BF16
+@pytest.mark.onednn_bf16
 def test_a_bf16_autocast_training_step_of_a_model_is_the_unchunked_step_bit_for_bit(monkeypatch):
     x, y = torch.randn(8, 3, 32, 32), torch.arange(8) % 5
     results = []

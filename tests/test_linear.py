@@ -16,8 +16,6 @@ from vitkit.models.attention import _OneRowProduct
 from vitkit.models.linear import MIN_ROWS, MIN_SIDE, dense, linear, onednn_bf16, uses_onednn
 
 pytestmark = pytest.mark.skipif(not linear_mod._has_onednn(), reason="oneDNN on x86 only")
-# oneDNN's bf16 matmuls (vitkit's bf16 Dense paths) need AVX512 or AVX-NE-CONVERT: elsewhere F.linear runs
-ONEDNN_BF16 = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN multiplies no bf16 on this CPU")
 
 
 def operands(rows: int = MIN_ROWS, d_in: int = MIN_SIDE, d_out: int = 3 * MIN_SIDE, lead: int = 1):
@@ -153,7 +151,7 @@ def test_a_vit_step_through_onednn_equals_the_step_through_f_linear(monkeypatch:
         assert (grads[name] - g).abs().max() <= 1e-5 * max(g.abs().max().item(), 1e-6), name
 
 
-@ONEDNN_BF16
+@pytest.mark.onednn_bf16
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
 def test_under_bf16_autocast_bit_for_bit_autocasts_f_linear(x_dtype: torch.dtype, monkeypatch) -> None:
     """The bias added inside oneDNN's matmul rounds once, as autocast's addmm does: the same bits, output and every
@@ -210,7 +208,9 @@ def mlp_step(model: nn.Module, autocast: bool) -> tuple[torch.Tensor, dict[str, 
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}, sum(storages.values())
 
 
-@pytest.mark.parametrize("autocast", [False, pytest.param(True, marks=ONEDNN_BF16)], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize(
+    "autocast", [False, pytest.param(True, marks=pytest.mark.onednn_bf16)], ids=["fp32", "bf16-autocast"]
+)
 def test_the_mlp_recomputes_its_gelu_for_the_backward_pass_with_the_same_gradients(autocast: bool) -> None:
     """In training the MLP's second layer and its GELU run as one function that keeps the GELU's input alone: the
     loss and every gradient bit for bit those of the two called apart, and one hidden activation less kept."""
@@ -231,7 +231,7 @@ def test_the_mlp_recomputes_its_gelu_for_the_backward_pass_with_the_same_gradien
     assert kept_apart - kept == MIN_ROWS // 64 * 65 * 4 * MIN_SIDE * (2 if autocast else 4)
 
 
-@ONEDNN_BF16
+@pytest.mark.onednn_bf16
 def test_where_the_gelu_and_the_layer_stay_apart(monkeypatch: pytest.MonkeyPatch) -> None:
     from vitkit.models.common import Mlp
 
@@ -295,7 +295,7 @@ def test_in_fp32_a_gradient_of_the_gradient_through_the_fused_mlp_is_float64s(mo
         assert (a - b).abs().max() <= 1e-5 * b.abs().max(), name  # 1.5e-6 at most here
 
 
-@ONEDNN_BF16
+@pytest.mark.onednn_bf16
 def test_under_bf16_autocast_the_fused_mlp_refuses_a_gradient_of_the_gradient() -> None:
     """There the backward pass reads the weight's bf16 copy, which autograd cannot trace to the parameter: a
     gradient of the gradient would miss the weight's part, so it is refused rather than wrong."""
@@ -430,7 +430,7 @@ def test_an_inferring_vit_applies_each_gelu_inside_its_first_matmul(gelu: str, d
         assert (got - want).abs().max() <= 0.05 * scale
 
 
-@ONEDNN_BF16
+@pytest.mark.onednn_bf16
 @pytest.mark.parametrize("gelu", ["tanh", "none"])
 def test_in_bf16_the_fused_gelu_rounds_once(gelu: str) -> None:
     """The GELU applied to the matmul's fp32 sums, then rounded to bf16 once: every output within a bf16 step of

@@ -12,10 +12,6 @@ import torch
 from vitkit.bench import make_step, vit_flops
 from vitkit.bench.harness import BenchConfig, build_model
 from vitkit.device import bf16_is_fast
-from vitkit.models.linear import onednn_bf16
-
-# oneDNN's bf16 matmuls (vitkit's bf16 Dense paths) need AVX512 or AVX-NE-CONVERT: elsewhere F.linear runs
-ONEDNN_BF16 = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN multiplies no bf16 on this CPU")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_ceiling.py"
 
@@ -46,10 +42,12 @@ def _profiled_products(
     ("dtype", "attn", "img", "batch"),
     [
         ("fp32", "sdpa", 32, 2),  # 10 rows: vitkit's oneDNN matmuls on the weight as it is, SDPA's kernels
-        pytest.param("bf16-autocast", "sdpa", 32, 2, marks=ONEDNN_BF16),  # 10 rows under autocast: F.linear
+        pytest.param("bf16-autocast", "sdpa", 32, 2, marks=pytest.mark.onednn_bf16),  # 10 rows under autocast: F.linear
         ("fp32", "sdpa", 224, 11),  # 2,167 rows of width 192: vitkit's oneDNN matmuls forward and for the input
         ("fp32", "explicit", 224, 11),  # attention as batched matmuls
-        pytest.param("bf16-autocast", "auto", 224, 11, marks=ONEDNN_BF16),  # the bias inside oneDNN's matmul
+        pytest.param(
+            "bf16-autocast", "auto", 224, 11, marks=pytest.mark.onednn_bf16
+        ),  # the bias inside oneDNN's matmul
     ],
 )
 def test_the_products_found_are_the_flops_the_step_counts_forward_and_backward(script, dtype, attn, img, batch):

@@ -13,11 +13,7 @@ from torch.func import functional_call, grad, jvp
 
 import vitkit
 from vitkit.models import attention, gelu, linear
-from vitkit.models.linear import onednn_bf16
 from vitkit.models.transforms import transformed
-
-# oneDNN's bf16 matmuls (vitkit's bf16 Dense paths) need AVX512 or AVX-NE-CONVERT: elsewhere F.linear runs
-ONEDNN_BF16 = pytest.mark.skipif(not onednn_bf16(), reason="oneDNN multiplies no bf16 on this CPU")
 
 pytestmark = pytest.mark.skipif(not linear._has_onednn(), reason="oneDNN on x86 only")
 
@@ -97,7 +93,9 @@ def test_the_bf16_gelu_kernel_gives_way_under_func_grad(monkeypatch):
     assert close(got, x64.grad, rel=1e-2)
 
 
-@pytest.mark.parametrize("autocast", [False, pytest.param(True, marks=ONEDNN_BF16)], ids=["fp32", "bf16-autocast"])
+@pytest.mark.parametrize(
+    "autocast", [False, pytest.param(True, marks=pytest.mark.onednn_bf16)], ids=["fp32", "bf16-autocast"]
+)
 def test_batched_gradients_are_the_loops(monkeypatch, autocast):
     """torch.autograd.grad(..., is_grads_batched=True) runs the backward pass under a vmap (as jacobian(...,
     vectorize=True) does): vitkit's functions' backward passes (here every one of them: the oneDNN layers, the
