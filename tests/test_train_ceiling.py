@@ -42,12 +42,12 @@ def _profiled_products(
     ("dtype", "attn", "img", "batch"),
     [
         ("fp32", "sdpa", 32, 2),  # 10 rows: vitkit's oneDNN matmuls on the weight as it is, SDPA's kernels
-        pytest.param("bf16-autocast", "sdpa", 32, 2, marks=pytest.mark.onednn_bf16),  # 10 rows under autocast: F.linear
+        # 10 rows under autocast: F.linear (addmm, mm)
+        pytest.param("bf16-autocast", "sdpa", 32, 2, marks=pytest.mark.onednn_bf16),
         ("fp32", "sdpa", 224, 11),  # 2,167 rows of width 192: vitkit's oneDNN matmuls forward and for the input
         ("fp32", "explicit", 224, 11),  # attention as batched matmuls
-        pytest.param(
-            "bf16-autocast", "auto", 224, 11, marks=pytest.mark.onednn_bf16
-        ),  # the bias inside oneDNN's matmul
+        # written out under bf16 autocast, the bias inside oneDNN's matmul
+        pytest.param("bf16-autocast", "auto", 224, 11, marks=pytest.mark.onednn_bf16),
     ],
 )
 def test_the_products_found_are_the_flops_the_step_counts_forward_and_backward(script, dtype, attn, img, batch):
