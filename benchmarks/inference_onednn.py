@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vitkit.bench import load_average, paired_ratio_stats
+from vitkit.bench import load_average, paired_ratio_stats, time_alternating
 from vitkit.fast import tune_cpu_allocator
 from vitkit.models import create_model
 from vitkit.models.linear import dense_gelu, linear
@@ -38,17 +37,19 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
 def taking_turns(fns: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, list[float]]:
-    """Seconds per call of each function, the functions taking turns within every round (after one warm-up)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
+    """Seconds per call of each function, the functions taking turns within every round after one warm-up round
+    (vitkit.bench.time_alternating), each timed over ``calls`` calls in a row."""
+
+    def repeated(fn: Callable[[], Any]) -> Callable[[], None]:
+        def run() -> None:
             for _ in range(calls):
                 fn()
-            times[name].append((time.perf_counter() - start) / calls)
-    return times
+
+        return run
+
+    steps = {name: repeated(fn) for name, fn in fns.items()}
+    times = time_alternating(steps, rounds, 1, torch.device("cpu"), settle_s=0)  # no idling: calls of milliseconds
+    return {name: [t / calls for t in seconds] for name, seconds in times.items()}
 
 
 def ratio(times: dict[str, list[float]], slow: str, fast: str) -> str:
