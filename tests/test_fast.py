@@ -141,8 +141,10 @@ def test_every_probe_kernel_computes_the_product_it_counts(dtype):
     kernels = probe_kernels(dtype, torch.device("cpu"), 256)
     names = [k.kernel for k in kernels]
     assert names[0] == ("torch._int_mm" if dtype == torch.int8 else "torch.matmul")
-    if torch.backends.mkldnn.is_available() and (dtype != torch.int8 or _has_vnni_layer()):
-        assert len(names) == 2  # and vitkit's packed-weight layer's kernel
+    # and vitkit's packed-weight layer's kernel where it runs: not without oneDNN, nor in int8 without VNNI, nor in
+    # bf16 where oneDNN multiplies none (AVX2-only CPUs)
+    packed = _has_vnni_layer() if dtype == torch.int8 else fast_mod.can_pack_linears(torch.device("cpu"), dtype)
+    assert len(names) == (2 if packed else 1)
     for probe in kernels:
         a, b = probe.a, probe.b
         assert a.shape == b.shape == (256, 256) and a.dtype == b.dtype == dtype
@@ -372,7 +374,7 @@ ONEDNN = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="to
 
 
 @ONEDNN
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.onednn_bf16)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("gelu", [None, "none", "tanh"])
 def test_packed_linear_computes_the_linear_layer(dtype, bias, gelu):
@@ -490,6 +492,26 @@ def test_a_fast_model_keeps_the_layers_that_have_hooks_and_runs_them(precision):
         torch.testing.assert_close(got, hooked, atol=1e-5, rtol=1e-5)
     else:  # int8's own error is far below what the hooks change
         assert (got - hooked).abs().max() < 0.1 * (unhooked - hooked).abs().max()
+
+
+def test_fbgemms_int8_keeps_the_layers_that_have_hooks_and_runs_them():
+    """The kernel int8 runs on CPUs without VNNI, asked for by name on any CPU: torch's dynamic quantisation
+    replaces the plain Linear layers alone; a hooked layer stays an fp32 nn.Linear, and its hook runs."""
+    model = tiny_vit()
+    x = torch.randn(3, 3, 32, 32)
+    with torch.no_grad():
+        unhooked = model(x)
+    model.blocks[0].mlp.fc2.register_forward_hook(lambda m, args, out: out * 0)
+    with torch.no_grad():
+        hooked = model(x)
+    quantised = fast_mod.quantize_int8(model, "fbgemm")
+    layers = dict(quantised.named_modules())
+    linears = {name: type(layers[name]) for name, m in model.named_modules() if type(m) is torch.nn.Linear}
+    assert linears.pop("blocks.0.mlp.fc2") is torch.nn.Linear
+    assert len(linears) == 8 and set(linears.values()) == {torch.ao.nn.quantized.dynamic.Linear}  # the others
+    with torch.no_grad():
+        got = quantised(x)
+    assert (got - hooked).abs().max() < 0.1 * (unhooked - hooked).abs().max()
 
 
 def test_an_int8_model_is_a_copy_the_models_later_changes_leave_alone():

@@ -240,10 +240,11 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     """A frozen copy of an fp32 model whose nn.Linear layers run in int8; the model is untouched.
 
     ``kernel`` "onednn" (the default where the CPU has VNNI): every nn.Linear becomes an Int8Linear, with per-token
-    activation scales, which torch.compile fuses (but a layer with hooks, which it would not run). "fbgemm" (the
-    default elsewhere): torch's dynamic quantisation, weights int8 per output channel, activations quantised per
-    call from the whole input's min/max to 7 bits (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run
-    eagerly (torch.compile cannot trace it). Other layers keep their fp32 weights (copies, not the originals). With
+    activation scales, which torch.compile fuses. "fbgemm" (the default elsewhere): torch's dynamic quantisation,
+    weights int8 per output channel, activations quantised per call from the whole input's min/max to 7 bits
+    (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run eagerly (torch.compile cannot trace it). With
+    either kernel a Linear layer with hooks of its own stays as it is, in fp32: its replacement would not run them.
+    Other layers keep their fp32 weights (copies, not the originals). With
     "onednn", where bf16 matmuls are native, the copy's attention layers compute in bf16, written out
     (Attention.attend_dtype): torch has no int8 kernel for attention, and fp32 SDPA took about a fifth of a compiled
     ViT-B/16's time.
@@ -271,7 +272,8 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|quantized tensor).*deprecated")
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_\w+.* are deprecated", category=UserWarning)
-        return quantize_dynamic(frozen, {nn.Linear: per_channel_dynamic_qconfig}, dtype=torch.qint8, inplace=True)
+        plain = {name: per_channel_dynamic_qconfig for name, m in frozen.named_modules() if _plain_linear(m)}
+        return quantize_dynamic(frozen, plain, dtype=torch.qint8, inplace=True)  # by name: hooked layers stay
 
 
 class PackedLinear(nn.Module):

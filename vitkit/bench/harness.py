@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..device import autocast, cpu_model_name
+from ..device import autocast, cpu_has_vnni, cpu_model_name
 from ..errors import UserError
 from ..fast import COMPILE_MODES, compile_for_inference, cpu_allocator_tuned
 from ..io import atomic_write_text
@@ -206,8 +206,14 @@ def _dense(b: torch.Tensor) -> nn.Linear:
 def _torch_kernel(dtype: torch.dtype, device: torch.device, n: int) -> MatmulProbe:
     """torch's own n x n product in dtype: torch.matmul, or torch._int_mm (int8 x int8 -> int32) for int8."""
     if dtype == torch.int8:
-        a, b = (torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device) for _ in range(2))
-        b[0] = 127  # every column's largest |value| is 127: Int8Linear's per-channel scale is 1, its product exact
+        # Without 8-bit dot products (VNNI) torch._int_mm on a CPU is oneDNN's u8 x s8 multiply-add, whose int16
+        # pair sums saturate for 8-bit b (255 x 127 x 2 > 32767): 7-bit b keeps its product exact there, at the
+        # same speed. With VNNI every column's largest |b| is 127: Int8Linear's per-channel scale is 1, its
+        # product exact.
+        top = 127 if device.type != "cpu" or cpu_has_vnni() else 63
+        a = torch.randint(-127, 128, (n, n), dtype=torch.int8, device=device)
+        b = torch.randint(-top, top + 1, (n, n), dtype=torch.int8, device=device)
+        b[0] = top
         return MatmulProbe("torch._int_mm", a, b, functools.partial(torch._int_mm, a, b))
     a, b = (torch.randn(n, n, device=device).to(dtype) for _ in range(2))
     return MatmulProbe("torch.matmul", a, b, functools.partial(torch.matmul, a, b))
