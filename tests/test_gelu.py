@@ -226,3 +226,36 @@ def test_a_gradient_of_the_gradient_is_the_gelus_second_derivative(dtype: torch.
     plain = x.detach().requires_grad_()  # a backward pass that builds no graph: the kernel's gradient, as before
     gelu(plain).backward(u.to(dtype))
     assert torch.allclose(plain.grad.double(), gx64, rtol=0, atol=tol * gx64.abs().max().item())
+
+
+# One process: vitkit's bf16 kernels against ATen's GELU in float64 (forward, and the gradient), on torch.compile's
+# cache in TORCHINDUCTOR_CACHE_DIR; within a bf16 rounding of values up to 12. Prints "ok" or what was off.
+_KERNELS_AGAINST_FLOAT64 = """
+import torch
+import torch.nn.functional as F
+from vitkit.models import gelu
+x = torch.cat([torch.linspace(-12, 12, 4801), torch.randn(20000) * 3]).bfloat16()
+k = gelu._kernels(torch.bfloat16)
+x64 = x.double().requires_grad_()
+want = F.gelu(x64, approximate="tanh")
+(want_grad,) = torch.autograd.grad(want.sum(), x64)
+got, got_grad = k.forward(x).double(), k.backward(torch.ones_like(x), x).double()
+errors = [float((got - want).abs().max()), float((got_grad - want_grad).abs().max())]
+print("ok" if all(e <= 0.07 for e in errors) else f"off by {errors}")
+"""
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512", reason="needs an AVX512 CPU")
+def test_kernels_cached_under_avx512_are_not_served_to_a_process_held_to_avx2(tmp_path) -> None:
+    """torch.compile's on-disk cache served kernels compiled under ATen's AVX512 capability to a process started
+    with ATEN_CPU_CAPABILITY=avx2, where they gave NaN and garbage; vitkit's kernels are keyed on the vector width."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    for capability in ("avx512", "avx2"):
+        run = [sys.executable, "-c", _KERNELS_AGAINST_FLOAT64]
+        out = subprocess.run(run, env={**env, "ATEN_CPU_CAPABILITY": capability}, capture_output=True, text=True)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert out.stdout.strip() == "ok", f"{capability}: {out.stdout.strip()}"

@@ -89,8 +89,18 @@ def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     probe below, the kernels ran on one core of two, at half their speed, for ever after. ``cpp.dynamic_threads``
     always emits the parallel loop and reads the thread count (torch.set_num_threads) when it runs; being part of
     the compile options, it also keys a cache entry of its own, so a serial kernel cached earlier is not reused.
+
+    ``cpp.simdlen``, the vector width inductor picks here anyway, keys the entries on it too: the cache does not
+    key them on ATen's CPU capability, and kernels compiled under AVX512 and served to a process started with
+    ``ATEN_CPU_CAPABILITY=avx2`` gave NaN.
     """
-    return torch.compile(fn, dynamic=True, options={"cpp.dynamic_threads": True})
+    from torch._inductor.cpu_vec_isa import pick_vec_isa  # imported here: torch._inductor is slow to import
+
+    options: dict[str, Any] = {"cpp.dynamic_threads": True}
+    width = pick_vec_isa().bit_width()
+    if width:  # 0: no vector ISA, scalar code, as inductor's default gives
+        options["cpp.simdlen"] = width
+    return torch.compile(fn, dynamic=True, options=options)
 
 
 def _run(kernel: Callable[..., Any], *tensors: torch.Tensor) -> Any:
