@@ -65,11 +65,14 @@ def test_the_script_runs_on_the_cpu_and_its_columns_agree(script, capsys):
     rows = re.findall(r"^(\S+/none)\s+([\d.]+)\s+([\d.]+)\s+(\S+)\s+([\d.]+)%\s+((?:[\d.]+ms\s*){5})", out, re.M)
     assert rows and rows[0][0] == "vitkit/none", out
     for _, ms, per_s, mfu, busy, kinds in rows:
-        assert float(per_s) == pytest.approx(2 / (float(ms) / 1e3), rel=2e-3)
+        assert float(per_s) == pytest.approx(2 / (float(ms) / 1e3), rel=2e-3, abs=0.05)  # img/s printed to 0.1
         assert mfu == "nan%"
         gemm, attention, fused, optimizer, other = (float(v) for v in re.findall(r"([\d.]+)ms", kinds))
         assert gemm > 0 and optimizer > 0
-        assert 0 < float(busy) <= 100
+        # busy: the kinds' time over the (unprofiled) step's; on a CPU the profiler's own cost per operator can take
+        # it past 100%, so the columns are checked against each other
+        total = gemm + attention + fused + optimizer + other
+        assert total == pytest.approx(float(busy) / 100 * float(ms), rel=2e-3, abs=0.05)
 
 
 def test_a_peer_row_gets_a_paired_ratio_against_vitkit_in_its_mode(script, monkeypatch, capsys):
