@@ -470,18 +470,29 @@ def test_a_fast_model_refuses_a_call_once_its_models_weights_have_changed(change
         torch.testing.assert_close(again(x), model(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("precision", ["fp32", "int8"])
-def test_a_fast_model_keeps_the_layers_that_have_hooks_and_runs_them(precision):
-    """A Linear layer with a hook (an adapter, a mask, a probe) is not packed, quantised or fused with its GELU: the
-    replacement would not run the hook. The fast model computes what the model with its hooks computes."""
+HOOKED = ("blocks.0.mlp.fc2", "blocks.1.mlp.fc1")
+
+
+def hooked_tiny_vit() -> tuple[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """tiny_vit with a hook on each layer in HOOKED (the first MLP's branch switched off, the second's input
+    doubled), an input, and the model's outputs on it before and after the hooks."""
     model = tiny_vit()
     x = torch.randn(3, 3, 32, 32)
     with torch.no_grad():
         unhooked = model(x)
-    model.blocks[0].mlp.fc2.register_forward_hook(lambda m, args, out: out * 0)  # the MLP's branch switched off
-    model.blocks[1].mlp.fc1.register_forward_pre_hook(lambda m, args: (args[0] * 2,))
+    layers = dict(model.named_modules())
+    layers[HOOKED[0]].register_forward_hook(lambda m, args, out: out * 0)
+    layers[HOOKED[1]].register_forward_pre_hook(lambda m, args: (args[0] * 2,))
     with torch.no_grad():
         hooked = model(x)
+    return model, x, unhooked, hooked
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_a_fast_model_keeps_the_layers_that_have_hooks_and_runs_them(precision):
+    """A Linear layer with a hook (an adapter, a mask, a probe) is not packed, quantised or fused with its GELU: the
+    replacement would not run the hook. The fast model computes what the model with its hooks computes."""
+    model, x, unhooked, hooked = hooked_tiny_vit()
     fast = optimize_for_inference(model, precision, compile="none")
     blocks = fast.model.blocks
     assert type(blocks[0].mlp.fc2) is torch.nn.Linear and type(blocks[1].mlp.fc1) is torch.nn.Linear
@@ -497,18 +508,12 @@ def test_a_fast_model_keeps_the_layers_that_have_hooks_and_runs_them(precision):
 def test_fbgemms_int8_keeps_the_layers_that_have_hooks_and_runs_them():
     """The kernel int8 runs on CPUs without VNNI, asked for by name on any CPU: torch's dynamic quantisation
     replaces the plain Linear layers alone; a hooked layer stays an fp32 nn.Linear, and its hook runs."""
-    model = tiny_vit()
-    x = torch.randn(3, 3, 32, 32)
-    with torch.no_grad():
-        unhooked = model(x)
-    model.blocks[0].mlp.fc2.register_forward_hook(lambda m, args, out: out * 0)
-    with torch.no_grad():
-        hooked = model(x)
+    model, x, unhooked, hooked = hooked_tiny_vit()
     quantised = fast_mod.quantize_int8(model, "fbgemm")
     layers = dict(quantised.named_modules())
     linears = {name: type(layers[name]) for name, m in model.named_modules() if type(m) is torch.nn.Linear}
-    assert linears.pop("blocks.0.mlp.fc2") is torch.nn.Linear
-    assert len(linears) == 8 and set(linears.values()) == {torch.ao.nn.quantized.dynamic.Linear}  # the others
+    assert all(linears.pop(name) is torch.nn.Linear for name in HOOKED)
+    assert len(linears) == 7 and set(linears.values()) == {torch.ao.nn.quantized.dynamic.Linear}  # the others
     with torch.no_grad():
         got = quantised(x)
     assert (got - hooked).abs().max() < 0.1 * (unhooked - hooked).abs().max()

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -249,10 +252,6 @@ print("ok" if all(e <= 0.07 for e in errors) else f"off by {errors}")
 def test_kernels_cached_under_avx512_are_not_served_to_a_process_held_to_avx2(tmp_path) -> None:
     """torch.compile's on-disk cache served kernels compiled under ATen's AVX512 capability to a process started
     with ATEN_CPU_CAPABILITY=avx2, where they gave NaN and garbage; vitkit's kernels are keyed on the vector width."""
-    import os
-    import subprocess
-    import sys
-
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
     for capability in ("avx512", "avx2"):
         run = [sys.executable, "-c", _KERNELS_AGAINST_FLOAT64]
