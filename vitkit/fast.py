@@ -244,10 +244,9 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     weights int8 per output channel, activations quantised per call from the whole input's min/max to 7 bits
     (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run eagerly (torch.compile cannot trace it). With
     either kernel a Linear layer with hooks of its own stays as it is, in fp32: its replacement would not run them.
-    Other layers keep their fp32 weights (copies, not the originals). With
-    "onednn", where bf16 matmuls are native, the copy's attention layers compute in bf16, written out
-    (Attention.attend_dtype): torch has no int8 kernel for attention, and fp32 SDPA took about a fifth of a compiled
-    ViT-B/16's time.
+    Other layers keep their fp32 weights (copies, not the originals). With "onednn", where bf16 matmuls are native,
+    the copy's attention layers compute in bf16, written out (Attention.attend_dtype): torch has no int8 kernel for
+    attention, and fp32 SDPA took about a fifth of a compiled ViT-B/16's time.
     """
     kernel = int8_kernel(kernel)
     if any(p.dtype != torch.float32 for p in model.parameters()):
