@@ -104,6 +104,17 @@ def test_errors_name_where_the_bad_value_came_from(tmp_path):
         load_config("vit_b16_finetune")
 
 
+def test_an_override_the_files_other_values_depend_on_is_accepted(tmp_path):
+    # digits.yaml sets width 64 and 4 heads; the registry's vit_ti16 has 3 heads, which do not divide 64
+    fields = load_config("digits", ["model.num_heads=2"]).model.fields
+    assert (fields["width"], fields["num_heads"]) == (64, 2)
+    with pytest.raises(UserError, match=r"^command line: model: ViTConfig: width 64 is not divisible by num_heads 3"):
+        load_config("digits", ["model.num_heads=3"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("optim:\n  lr: fast\n")
+    assert load_config(bad, ["optim.lr=1e-3"]).optim.lr == 1e-3  # the command line replaces the file's bad value
+
+
 # ------------------------------------------------------------------------------------------- fine-tunes
 def _source_run(tmp_path, run: dict) -> str:
     """A vitkit run directory: its weights and the config.yaml its training wrote."""

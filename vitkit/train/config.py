@@ -488,11 +488,10 @@ def config_from_dict(
     if missing and not listing:
         where = f"{origin}: " if origin else ""
         raise UserError(f"{where}{', '.join(missing)}: required by this config; pass e.g. {missing[0]}=...")
-    if any(cli.values()):  # the file's values the command line leaves first, so a value is blamed where it was given
-        kept = {section: {k: v for k, v in file[section].items() if k not in cli[section]} for section in SECTIONS}
-        _labelled(origin, lambda: _build_config(_without_required(kept)))
     label = COMMAND_LINE if any(cli.values()) else origin
     merged = _without_required(merged)
+    if any(cli.values()) and _fails(merged):
+        _blame_the_file(file, cli, origin)
     cfg = _labelled(label, lambda: _build_config(merged))
     if not cfg.run.init_from or missing:
         return cfg
@@ -504,6 +503,24 @@ def config_from_dict(
         section, _, name = key.partition(".")
         merged[section][name] = value
     return _labelled(label, lambda: _build_config(merged))
+
+
+def _blame_the_file(file: dict[str, dict[str, Any]], cli: dict[str, dict[str, Any]], origin: str | None) -> None:
+    """Where the merged values failed: raise the file's own error, named by origin, if the file is at fault (it
+    fails as written and without the keys the command line replaced); else return, and the command line is blamed.
+    Merged values that build are never refused: an override may be what makes the file's values fit
+    (``model.num_heads=2`` over a file's ``width: 64``, which the registry's 3 heads do not divide)."""
+    kept = {section: {k: v for k, v in file[section].items() if k not in cli[section]} for section in SECTIONS}
+    if _fails(_without_required(file)) and _fails(_without_required(kept)):
+        _labelled(origin, lambda: _build_config(_without_required(kept)))
+
+
+def _fails(values: dict[str, dict[str, Any]]) -> bool:
+    try:
+        _build_config(values)
+    except UserError:
+        return True
+    return False
 
 
 def _build_config(merged: dict[str, dict[str, Any]]) -> TrainConfig:
