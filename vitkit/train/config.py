@@ -490,9 +490,13 @@ def config_from_dict(
         raise UserError(f"{where}{', '.join(missing)}: required by this config; pass e.g. {missing[0]}=...")
     label = COMMAND_LINE if any(cli.values()) else origin
     merged = _without_required(merged)
-    if any(cli.values()) and _fails(merged):
-        _blame_the_file(file, cli, origin)
-    cfg = _labelled(label, lambda: _build_config(merged))
+    try:  # built once; the failing path alone works out whom to blame
+        cfg = _build_config(merged)
+    except UserError:
+        if any(cli.values()):
+            _blame_the_file(file, cli, origin)  # the file's own error, where the file is at fault
+        _labelled(label, lambda: _build_config(merged))  # else this error again, named by where it came from
+        raise
     if not cfg.run.init_from or missing:
         return cfg
     from .recipe import recipe_values  # a fine-tune: the one resolution of its recipe fills what was not given
@@ -506,7 +510,7 @@ def config_from_dict(
 
 
 def _blame_the_file(file: dict[str, dict[str, Any]], cli: dict[str, dict[str, Any]], origin: str | None) -> None:
-    """Where the merged values failed: raise the file's own error, named by origin, if the file is at fault (it
+    """Where the merged values fail: raise the file's own error, named by origin, if the file is at fault (it
     fails as written and without the keys the command line replaced); else return, and the command line is blamed.
     Merged values that build are never refused: an override may be what makes the file's values fit
     (``model.num_heads=2`` over a file's ``width: 64``, which the registry's 3 heads do not divide)."""
