@@ -51,8 +51,10 @@ docs: $(DEV_STAMP)
 test: lint docs
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# one model's images/s, FLOPs, utilisation and memory (benchmarks/bench_vit.py --help), e.g.
+# make bench ARGS="--model vit_s16 --compare hf"
 bench: $(DEV_STAMP)
-	$(VENV)/bin/vitkit bench $(ARGS)
+	$(PY) benchmarks/bench_vit.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache

@@ -6,17 +6,18 @@
 
 Every library gets the same switches, each timed in one loop that alternates between them (harness.run_bench):
 
-- inference, bf16 weights (``model.to(torch.bfloat16)``), batch 1 and 256: eager, and torch.compile. Batch 1 is
-  launch-bound, so it is compiled with mode "reduce-overhead" (CUDA graphs); batch 256 with "default". Inference
-  compiles with inductor freezing for all.
-- training, batch 128: bf16 autocast over fp32 weights, cross-entropy, backward, fused AdamW; eager and
-  torch.compile "default".
+- inference, bf16 weights (``model.to(torch.bfloat16)``; vitkit: ``optimize_for_inference(model, "bf16",
+  compile=mode)``), batch 1 and 256: eager, and torch.compile. Batch 1 is launch-bound, so it is compiled with mode
+  "reduce-overhead" (CUDA graphs); batch 256 with "default". Inference compiles with inductor freezing for all.
+- training, batch 128: bf16 autocast over fp32 weights, cross-entropy, backward, fused AdamW (vitkit's model
+  through ``optimize_for_training(model)``); eager and torch.compile "default".
 
 MFU is the model's FLOPs (forward; 3x forward for a training step) per second over the GPU's dense bf16 peak
-from its datasheet (vitkit.bench.dense_bf16_peak: 989.4 TFLOP/s for H100 SXM and H200; printed); a large bf16
+from its datasheet (harness.dense_bf16_peak: 989.4 TFLOP/s for H100 SXM and H200; printed); a large bf16
 matmul is timed in the same rounds and its rate printed beside it. Before the timings the script records which
-kernel SDPA ran for each library's attention (torch.profiler). Peak memory is the CUDA allocator's peak during one step
-above what was allocated before it (weights, and in training gradients and AdamW's moments, come on top).
+kernel SDPA ran for each library's attention (torch.profiler; vitkit's model as built). Peak memory is the CUDA
+allocator's peak during one step above what was allocated before it (weights, and in training gradients and AdamW's
+moments, come on top).
 """
 
 from __future__ import annotations
@@ -29,10 +30,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peers import timm_peer  # beside this script (timm is no dependency of vitkit)
+from harness import BenchConfig, BenchReport, best_rows, dense_bf16_peak, hf_peer, run_bench, timm_peer
 from torch import nn
 
-from vitkit.bench import BenchConfig, BenchReport, best_rows, dense_bf16_peak, hf_peer, run_bench
 from vitkit.models import create_model
 
 TARGET_RATIO = 1.1  # vitkit over the best peer, each row

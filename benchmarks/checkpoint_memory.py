@@ -7,7 +7,7 @@ not measured: AdamW allocates its moments on the first update, and that is the s
     python benchmarks/checkpoint_memory.py [--batch 32] [--device cpu]
 
 CPU: the rise of the process's peak resident set during the measured step; CUDA: the allocator's peak over what
-was allocated before it (see vitkit.bench.memory).
+was allocated before it (see harness/memory.py). The model runs as built (vitkit.models, no vitkit.accel).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+from harness import format_bytes, measure_step_memory, memory_method
 
-from vitkit.bench.memory import format_bytes, measure_step_memory, memory_method
 from vitkit.models.vit import VisionTransformer
 
 

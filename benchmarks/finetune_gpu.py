@@ -15,7 +15,7 @@
    (SGD, momentum 0.9, lr 0.01, clip 1, warmup and cosine decay), evaluated on the held-out fifth.
 
 Prints the loader's images/s, the run's training images/s (median of its log records after the first, which
-holds the compilation), the MFU against the GPU's dense bf16 datasheet peak (vitkit.bench.dense_bf16_peak), and
+holds the compilation), the MFU against the GPU's dense bf16 datasheet peak (harness.dense_bf16_peak), and
 the loss curve; the run directory (metrics.jsonl, loss.png, the checkpoint) stays under --out.
 """
 
@@ -33,15 +33,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from harness import dense_bf16_peak
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from vitkit.bench import dense_bf16_peak, model_flops
 from vitkit.checkpoint.official import vitkit_to_official
 from vitkit.data import build_datasets
 from vitkit.data.procedural import CLASS_NAMES, render_shape_image
 from vitkit.hub import load_model
 from vitkit.models import create_model
+from vitkit.models.flops import model_flops
 from vitkit.train import train
 from vitkit.train.metrics import MetricsLog
 from vitkit.train.recipe import finetune_config

@@ -1,19 +1,20 @@
-"""Eager CPU inference of a model as built (fp32) or after ``model.to(torch.bfloat16)``: what vitkit's Dense layers
-gain by running as oneDNN matmuls (vitkit.models.linear.infers_onednn), the MLP's GELU inside the first one.
+"""Eager CPU inference through ``optimize_for_inference`` (fp32, or bf16 where native): what its packed oneDNN Dense
+layers gain (vitkit.accel.cpu.PackedLinear: the weight packed once, the MLP's GELU applied inside the first one).
 
     python benchmarks/inference_onednn.py                     # 3 min on 2 cores
-    python benchmarks/inference_onednn.py --batch-sizes 1,8,64 --rounds 10
+    python benchmarks/inference_onednn.py --batch-sizes 1,8,64 --rounds 10 --results benchmarks/results/onednn.md
 
 1. layers: each ViT-B/16 Dense shape at 197, 1,576 and 12,608 rows (batch 1, 8 and 64), fp32 and bf16, as
-   ``F.linear`` (what an nn.Linear calls) against ``vitkit.models.linear.linear``; and the MLP's first layer with
-   its tanh GELU, ``F.gelu(F.linear(...))`` against ``dense_gelu``, with each one's largest error against float64.
-2. model: ViT-B/16 (random weights, a random head), eagerly under torch.no_grad, against the same model whose
-   Dense layers and GELUs each carry a forward hook that does nothing: a module with hooks of its own is called
-   as itself (nn.Linear's F.linear, nn.GELU's ATen kernel), so that copy runs what the layers ran before. The
-   logits of both against the float64 model's.
+   ``F.linear`` (what an nn.Linear calls) against ``PackedLinear``; and the MLP's first layer with its tanh GELU,
+   ``F.gelu(F.linear(...))`` against ``PackedLinear(fc1, gelu)``, with each one's largest error against float64.
+2. model: ViT-B/16 (random weights, a random head) through ``optimize_for_inference(model, precision,
+   compile="none")``, against the same switch on a copy whose Dense layers and GELUs each carry a forward hook that
+   does nothing: the switch leaves a layer with hooks of its own as it is (nn.Linear's F.linear, nn.GELU's
+   kernel), so that copy differs in its Dense layers alone. The logits of both against the float64 model's.
 
 Every ratio is the median of per-round ratios (the two taking turns in each round, one process) with its 95%
-bootstrap interval. Speed needs a quiet machine: the load average is printed before and after.
+bootstrap interval. bf16 is left out where oneDNN multiplies none or it is not native (optimize_for_inference keeps
+fp32 there). Speed needs a quiet machine: the load average is printed before and after.
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from harness import command_line, load_average, paired_ratio_stats, recorded, time_alternating
 from torch import nn
 
-from vitkit.bench import load_average, paired_ratio_stats, time_alternating
-from vitkit.fast import tune_cpu_allocator
+from vitkit.accel.cpu import PackedLinear, can_pack_linears
+from vitkit.accel.inference import optimize_for_inference, resolve_precision
+from vitkit.accel.training import tune_cpu_allocator
 from vitkit.models import create_model
-from vitkit.models.linear import dense_gelu, linear
 
 SHAPES = ((768, 2304), (768, 768), (768, 3072), (3072, 768))  # qkv, proj, fc1, fc2: (in, out)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -38,7 +40,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 def taking_turns(fns: dict[str, Callable[[], Any]], rounds: int, calls: int) -> dict[str, list[float]]:
     """Seconds per call of each function, the functions taking turns within every round after one warm-up round
-    (vitkit.bench.time_alternating), each timed over ``calls`` calls in a row."""
+    (harness.time_alternating), each timed over ``calls`` calls in a row."""
 
     def repeated(fn: Callable[[], Any]) -> Callable[[], None]:
         def run() -> None:
@@ -62,7 +64,7 @@ def ms(seconds: list[float]) -> str:
 
 
 def layer_row(dt: torch.dtype, rows: int, d_in: int, d_out: int, rounds: int) -> str:
-    """One layer shape's line: nn.Linear's call (and nn.GELU's, after the MLP's first layer) against vitkit's."""
+    """One layer shape's line: nn.Linear's call (and nn.GELU's, after the MLP's first layer) against PackedLinear."""
     torch.manual_seed(0)
     x = torch.randn(rows, d_in).to(dt)
     fc1 = nn.Linear(d_in, d_out).to(dt).requires_grad_(False)
@@ -71,10 +73,12 @@ def layer_row(dt: torch.dtype, rows: int, d_in: int, d_out: int, rounds: int) ->
     w, b, act = fc1.weight, fc1.bias, nn.GELU(approximate="tanh")
     want = F.linear(x.double(), w.double(), b.double())
     if d_out == 3072:  # the MLP's first layer: its GELU after it
-        fns = {"F.gelu(F.linear)": lambda: act(F.linear(x, w, b)), "vitkit": lambda: dense_gelu(fc1, act, x)}
+        packed = PackedLinear(fc1, act)
+        fns = {"F.gelu(F.linear)": lambda: act(F.linear(x, w, b)), "vitkit": lambda: packed(x)}
         want, with_gelu = F.gelu(want, approximate="tanh"), "with its GELU, "
     else:
-        fns, with_gelu = {"F.linear": lambda: F.linear(x, w, b), "vitkit": lambda: linear(x, w, b)}, ""
+        packed = PackedLinear(fc1)
+        fns, with_gelu = {"F.linear": lambda: F.linear(x, w, b), "vitkit": lambda: packed(x)}, ""
     err = {name: float((fn().double() - want).abs().max()) for name, fn in fns.items()}
     with torch.no_grad():
         times = taking_turns(fns, rounds, max(2, int(3e8 / (rows * d_in * d_out))))
@@ -96,8 +100,8 @@ def hooked(model: nn.Module) -> nn.Module:
 
 
 def model_row(model: nn.Module, plain: nn.Module, reference: nn.Module, batch: int, rounds: int) -> str:
-    """One batch size's line: the model with its layers called as nn.Linear and nn.GELU against vitkit's."""
-    dtype = next(model.parameters()).dtype
+    """One batch size's line: the switch with the layers called as nn.Linear and nn.GELU against its packed ones."""
+    dtype = torch.float32  # the switch's models take fp32 inputs, cast to their precision inside
     torch.manual_seed(1)
     x = torch.randn(batch, 3, 224, 224)
     xd = x.to(dtype)
@@ -117,8 +121,8 @@ def whole_model(dtype: str, batch_sizes: list[int], rounds: int) -> None:
     model = create_model("vit_b16", num_classes=1000).eval()
     nn.init.normal_(model.head.weight, std=0.02)  # the zero head would make every logit the bias
     reference = copy.deepcopy(model).double()
-    model = model.to(DTYPES[dtype])
-    plain = hooked(model)
+    plain = optimize_for_inference(hooked(model), dtype, compile="none")
+    model = optimize_for_inference(model, dtype, compile="none")
     for batch in batch_sizes:
         print(model_row(model, plain, reference, batch, rounds), flush=True)
 
@@ -129,19 +133,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--dtypes", default="fp32,bf16")
     p.add_argument("--rounds", type=int, default=9, help="rounds taking turns (default 9)")
     p.add_argument("--no-layers", action="store_true", help="the whole model only")
+    p.add_argument("--results", help="also write what is printed as a result file (benchmarks/results/)")
     args = p.parse_args(argv)
-    tune_cpu_allocator()  # as vitkit bench and optimize_for_inference run: freed memory kept for reuse
-    before = load_average()
-    for dtype in args.dtypes.split(","):
-        print(f"{dtype}, {torch.get_num_threads()} threads, {args.rounds} rounds taking turns")
-        if not args.no_layers:
-            print(" ViT-B/16's Dense layers, nn.Linear's call against vitkit's")
-            for rows in (197, 1576, 12608):
-                for d_in, d_out in SHAPES:
-                    print(layer_row(DTYPES[dtype], rows, d_in, d_out, args.rounds), flush=True)
-        print(" ViT-B/16 inference, eager, the layers called as nn.Linear and nn.GELU against vitkit's")
-        whole_model(dtype, [int(b) for b in args.batch_sizes.split(",")], args.rounds)
-    print(f"load average {before} before, {load_average()} after, on {torch.get_num_threads()} threads")
+    if unknown := sorted(set(args.dtypes.split(",")) - set(DTYPES)):
+        p.error(f"--dtypes: {unknown} not among {', '.join(DTYPES)}")
+    tune_cpu_allocator()  # as optimize_for_inference does: freed memory kept for reuse
+    cpu = torch.device("cpu")
+    with recorded(args.results, command_line(__file__, argv)):
+        before = load_average()
+        for dtype in args.dtypes.split(","):
+            if not can_pack_linears(cpu, DTYPES[dtype]) or resolve_precision(dtype, cpu, warn=False) != dtype:
+                print(
+                    f"{dtype}: left out, not native here or no oneDNN matmul for it (optimize_for_inference keeps fp32)"
+                )
+                continue
+            print(f"{dtype}, {torch.get_num_threads()} threads, {args.rounds} rounds taking turns")
+            if not args.no_layers:
+                print(" ViT-B/16's Dense layers, nn.Linear's call against PackedLinear's")
+                for rows in (197, 1576, 12608):
+                    for d_in, d_out in SHAPES:
+                        print(layer_row(DTYPES[dtype], rows, d_in, d_out, args.rounds), flush=True)
+            print(" ViT-B/16 through optimize_for_inference, eager, the layers as nn.Linear and nn.GELU against packed")
+            whole_model(dtype, [int(b) for b in args.batch_sizes.split(",")], args.rounds)
+        print(f"load average {before} before, {load_average()} after, on {torch.get_num_threads()} threads")
 
 
 if __name__ == "__main__":

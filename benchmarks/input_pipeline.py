@@ -20,7 +20,8 @@ per-core rate: the cores a node needs for decoding alone (DataLoader workers als
 --target-rate default, 3000 img/s: an ESTIMATE of ViT-B/16 training (bf16, 224 px) on one H100, from FLOPs:
 a training step costs ~3 x 17.6 GFLOPs = 53 GFLOPs per image (forward + backward, the paper's Table 6 counts
 17.6 GFLOPs forward); the H100 SXM's dense bf16 peak is ~989 TFLOP/s; at a model-FLOPs utilisation of ~16%
-that is ~3,000 img/s. Measure the real rate with `vitkit bench vit_b16 --train` on the GPU and pass it here.
+that is ~3,000 img/s. Measure the real rate on the GPU with `python benchmarks/bench_vit.py --model vit_b16
+--mode train --dtype bf16-autocast --batch-size 128` and pass it here.
 """
 
 from __future__ import annotations

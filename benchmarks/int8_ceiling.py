@@ -3,12 +3,12 @@
     python benchmarks/int8_ceiling.py                        # ViT-B/16 at batch 1, 8 and 64: 1 min on 2 cores
     python benchmarks/int8_ceiling.py --model vit_s16 --batch-sizes 8
 
-The int8 share of peak that benchmarks/bench_vit.py prints is the FLOPs the model executes over its time, against
-the int8 peak (one large square int8 product through the fastest kernel here, vitkit.bench.matmul_probe, timed here
-too). Its Linear layers are int8 matmuls, which run near that peak at ViT shapes (printed below); attention (q k^T
-and the probabilities times v) is not int8. So even if nothing ran but the matmuls and attention (no quantisation or
-rescaling, LayerNorm, GELU or residual adds), a forward pass would take the matmuls' time plus attention's, and its
-share of the peak could not exceed
+The int8 share of peak that benchmarks/speed_targets.py prints is the FLOPs the model executes over its time
+(through ``optimize_for_inference(model, "int8")``), against the int8 peak (one large square int8 product through
+the fastest kernel here, harness.matmul_probe, timed here too). Its Linear layers are int8 matmuls, which run near
+that peak at ViT shapes (printed below); attention (q k^T and the probabilities times v) is not int8. So even if
+nothing ran but the matmuls and attention (no quantisation or rescaling, LayerNorm, GELU or residual adds), a
+forward pass would take the matmuls' time plus attention's, and its share of the peak could not exceed
 
     ceiling = executed FLOPs / (matmul seconds + attention seconds) / peak
 
@@ -32,13 +32,15 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from harness import load_average, load_warnings, measure_matmul_peak, time_alternating
 
-from vitkit.bench import load_average, load_warnings, measure_matmul_peak, time_alternating, vit_flops
+from vitkit.accel.int8 import Int8Linear, int8_kernel
+from vitkit.accel.training import tune_cpu_allocator
 from vitkit.device import usable_cores
-from vitkit.fast import Int8Linear, int8_kernel, tune_cpu_allocator
 from vitkit.models import ViTConfig
-from vitkit.models.attention import Attention
+from vitkit.models.flops import vit_flops
 from vitkit.models.registry import model_config
+from vitkit.models.vit import Attention
 
 
 def ceiling(executed_flops: float, matmul_flops: float, attention_s: float, peak_flops: float) -> float:
@@ -77,13 +79,13 @@ def attention_seconds(cfg: ViTConfig, batch: int, tokens: int, rounds: int) -> d
     heads, head_dim = cfg.num_heads, cfg.width // cfg.num_heads
     qkv = [torch.randn(batch, heads, tokens, head_dim) for _ in range(3)]
     bf16 = [t.bfloat16() for t in qkv]
-    written = Attention(cfg.width, heads)._attend  # the explicit path's own code
+    written = Attention(cfg.width, heads).attend  # the explicit path's own code
     int8 = [torch.randint(-128, 128, s, dtype=torch.int8) for s in ((tokens, head_dim), (head_dim, tokens))]
     probs = torch.randint(0, 128, (tokens, tokens), dtype=torch.int8)
     steps = {
         "fp32 SDPA": functools.partial(F.scaled_dot_product_attention, *qkv),
         "bf16 SDPA": functools.partial(F.scaled_dot_product_attention, *bf16),
-        "bf16 written out": functools.partial(written, *bf16, None),
+        "bf16 written out": functools.partial(written, *bf16, None, True),  # no logit bias, written out
         "int8 products": functools.partial(_int8_products, *int8, probs, batch * heads),
     }
     with torch.no_grad():
@@ -124,12 +126,12 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--model {args.model}: not a ViT")
     if int8_kernel() != "onednn":
         p.error("this CPU has no VNNI: vitkit's int8 models run fbgemm's kernels here, not the ones this times")
-    flops = vit_flops(cfg, logits_path=True)  # what forward() executes, per image
+    flops = vit_flops(cfg, first_token=True)  # what the int8 switch executes, per image (accel.first_token)
     full_block = vit_flops(cfg)["attention"] / cfg.depth  # one block's attention FLOPs, every token a query
     blocks = flops["attention"] / full_block  # the class-token-only last block counts for its share of them
     matmuls = flops["total"] - flops["attention"]
     tokens = cfg.grid()[0] * cfg.grid()[1] + (1 if cfg.classifier == "token" else 0)  # through each full block
-    tune_cpu_allocator()  # as bench_vit.py and the vitkit command line do: no fresh pages for each product
+    tune_cpu_allocator()  # as optimize_for_inference does: no fresh pages for each product
     before = load_average()
     peak_g, peak_kernel = measure_matmul_peak(torch.int8, torch.device("cpu"))
     peak = peak_g * 1e9

@@ -7,12 +7,12 @@ torchao (``pip install torchao``, in the dev extra; no dependency of vitkit itse
 quantisation library. Its dynamic int8 recipe, ``quantize_(model, Int8DynamicActivationInt8WeightConfig())``,
 quantises what ``optimize_for_inference(model, "int8")`` quantises: every Linear's weight to int8 per output channel
 and its input to int8 per token at each call, the products summed in int32. Each switch is applied to a copy of the
-same fp32 model (random weights, a random head) and both are compiled alike, with vitkit.fast.compile_for_inference
+same fp32 model (random weights, a random head) and both are compiled alike, with accel.inference.compile_for_inference
 (torch.compile with inductor freezing, what vitkit's int8 runs by default; ``--compile none`` runs both eagerly).
 What each switch does beyond the Linear layers is its own: vitkit's int8 model computes attention written out in
-bf16 where bf16 matmuls are native, torchao's keeps the model's fp32 attention. Where timm is importable (as for
-bench_vit.py), a third row is torchao's int8 on timm's ViT holding the same weights, compiled alike: what a timm user
-gets from torchao. They are timed taking turns in one process; printed for each batch size: each one's median
+bf16 where bf16 matmuls are native, torchao's keeps the model's fp32 attention. Where timm is importable (as
+for speed_targets.py), a third row is torchao's int8 on timm's ViT holding the same weights, compiled alike: what a
+timm user gets from torchao. They are timed taking turns in one process; printed for each batch size: each one's median
 milliseconds a forward pass, vitkit's speed-up over each other row (the median of per-round paired ratios, with its
 95% bootstrap interval), and each one's logit error against the fp32 model on the timed inputs. With
 ``--digits-run``, vitkit's and torchao's on a trained model: a ``vitkit train`` run of the digits config and its 360
@@ -32,20 +32,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
-
-from vitkit.bench import (
+from harness import (
     BenchConfig,
     batched_logits,
+    build_model,
     load_average,
     load_warnings,
     logit_agreement,
     paired_ratio_stats,
     time_alternating,
+    timm_peer,
 )
-from vitkit.bench.harness import build_model
+from torch import nn
+
+from vitkit.accel.inference import compile_for_inference, optimize_for_inference
+from vitkit.accel.int8 import int8_kernel
+from vitkit.accel.training import tune_cpu_allocator
 from vitkit.device import usable_cores
-from vitkit.fast import compile_for_inference, int8_kernel, optimize_for_inference, tune_cpu_allocator
 
 SWITCHES = ("vitkit", "torchao")
 TIMM = "timm+torchao"  # torchao's int8 on timm's ViT, where timm is importable
@@ -76,12 +79,9 @@ def switches(model: nn.Module, compile_mode: str) -> dict[str, Callable[[torch.T
 
 
 def timm_model(model: nn.Module) -> nn.Module | None:
-    """timm's ViT holding model's weights (benchmarks/peers.py, beside this script); None where timm is not
-    importable."""
+    """timm's ViT holding model's weights (harness.timm_peer); None where timm is not importable."""
     if importlib.util.find_spec("timm") is None:
         return None
-    from peers import timm_peer  # beside this script, as bench_vit.py imports it
-
     return timm_peer(model).eval()
 
 

@@ -3,8 +3,8 @@
     python benchmarks/matmul_peak.py                 # fp32, bf16 and int8 (where the CPU has them natively): 1 min
     python benchmarks/matmul_peak.py --dtypes fp32
 
-For each dtype, one square product at the size the benchmarks' probe uses (vitkit.bench.probe_size: doubled from
-256 while torch's product takes under 0.1 s) through each kernel the probe chooses from (vitkit.bench.probe_kernels),
+For each dtype, one square product at the size the benchmarks' probe uses (harness.probe_size: doubled from 256
+while torch's product takes under 0.1 s) through each kernel the probe chooses from (harness.probe_kernels),
 timed in turn for a few rounds: the best rate of each, the kernel the probe would take, and how much faster it is
 than torch's own. Speed needs a quiet machine: the load average is checked.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 import argparse
 
 import torch
+from harness import fastest_calls, load_average, load_warnings, probe_kernels, probe_size
 
-from vitkit.bench import fastest_calls, load_average, load_warnings, probe_kernels, probe_size
+from vitkit.accel.training import tune_cpu_allocator
 from vitkit.device import bf16_is_fast, cpu_has_vnni, usable_cores
-from vitkit.fast import tune_cpu_allocator
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
 

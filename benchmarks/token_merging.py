@@ -1,4 +1,5 @@
-"""Token merging (ToMe, config ``token_merge``): the speed it buys and the accuracy it costs.
+"""Token merging (ToMe, vitkit.accel.tome; ``create_model``/``load_model``'s ``token_merge``): the speed it buys
+and the accuracy it costs.
 
     python benchmarks/token_merging.py                      # about 3 min on 2 CPU cores
     python benchmarks/token_merging.py --run runs/p2/digits # a trained run of many tokens instead of training one
@@ -8,8 +9,9 @@
    (tokens merged in each block): held-out top-1, agreement with r = 0, and that model's img/s on the held-out
    set, every r taking turns in each round.
 2. speed: ViT-B/16 (197 tokens, random weights) inference at one batch size, fp32 (or --precision bf16), every r
-   taking turns: img/s, GFLOP executed per image, and the speed-up over r = 0 (median of per-round paired
-   ratios, 95% interval).
+   taking turns, each through ``optimize_for_inference(model, precision, compile="none")``: img/s, GFLOP
+   executed per image, and the speed-up over r = 0 (median of per-round paired ratios, 95% interval). r = 0 runs
+   the class-token-only last block (vitkit.accel.first_token), which a merging model does not.
 
 Merging is off by default (token_merge=0); it changes the function, so its speed is no lead at equal
 accuracy: the table is the trade to choose from. Speed needs a quiet machine: the load average is checked.
@@ -25,13 +27,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from harness import command_line, load_average, load_warnings, paired_ratio_stats, recorded, time_alternating
 from torch import nn
 
-from vitkit.bench import load_average, load_warnings, paired_ratio_stats, time_alternating, vit_flops
+from vitkit.accel.first_token import applies as first_token_applies
+from vitkit.accel.inference import optimize_for_inference
+from vitkit.accel.tome import merged_away
 from vitkit.device import usable_cores
-from vitkit.fast import optimize_for_inference
+from vitkit.hub import create_model
 from vitkit.models import ViTConfig
-from vitkit.models.merge import merged_away
+from vitkit.models.flops import vit_flops
 
 
 def infer(model: nn.Module, x: torch.Tensor) -> Callable[[], Any]:
@@ -52,18 +57,19 @@ def speed_lines(models: dict[int, nn.Module], times: dict[int, list[float]], bat
     lines = [f"{'r':>3} {'tokens':>22} {'GFLOP/img':>9} {'img/s':>8}   speed-up over r=0 (95% interval)"]
     for r, model in models.items():
         cfg = model.config
-        flops = vit_flops(cfg, logits_path=True)["total"] / 1e9
-        tokens = token_counts(cfg)
+        merge = getattr(model, "token_merge", 0)
+        flops = vit_flops(cfg, first_token=first_token_applies(model), token_merge=merge)["total"] / 1e9
+        tokens = token_counts(cfg, merge)
         speed = "" if r == 0 else str(paired_ratio_stats(times[0], times[r]))
         lines.append(f"{r:>3} {tokens:>22} {flops:9.2f} {batch / statistics.median(times[r]):8.1f}   {speed}")
     return lines
 
 
-def token_counts(cfg: ViTConfig) -> str:
-    """The tokens the first and the last block receive, as 'first -> last' (the last block then computes one)."""
+def token_counts(cfg: ViTConfig, r: int) -> str:
+    """The tokens the first and the last block receive with r merged in each block, as 'first -> last'."""
     first = last = cfg.grid()[0] * cfg.grid()[1] + (cfg.classifier == "token")
     for _ in range(cfg.depth - 1):
-        last -= merged_away(last, cfg.token_merge)
+        last -= merged_away(last, r)
     return f"{first} -> {last}"
 
 
@@ -98,15 +104,13 @@ def accuracy(run: Path, rs: list[int], rounds: int) -> list[str]:
         top1 = float((preds[r] == y).float().mean())
         agree = float((preds[r] == preds[0]).float().mean())
         speed = "" if r == 0 else str(paired_ratio_stats(times[0], times[r]))
-        tokens = token_counts(models[r].config)
+        tokens = token_counts(models[r].config, r)
         ips = len(x) / statistics.median(times[r])
         lines.append(f"{r:>3} {tokens:>12} {top1:7.2%} {agree:16.2%} {ips:8.0f}   {speed}")
     return lines
 
 
-def main() -> None:
-    from vitkit.models import create_model
-
+def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--run", type=Path, help="a trained run of many tokens (default: train digits with 2x2 patches)")
     p.add_argument("--epochs", type=int, default=30, help="epochs of the run trained here (default 30)")
@@ -115,13 +119,20 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8, help="ViT-B/16 batch size (default 8)")
     p.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="ViT-B/16 precision (default fp32)")
     p.add_argument("--rounds", type=int, default=8, help="timed rounds (default 8)")
-    args = p.parse_args()
+    p.add_argument("--results", help="also write what is printed as a result file (benchmarks/results/)")
+    args = p.parse_args(argv)
     torch.set_num_threads(usable_cores())
+    with recorded(args.results, command_line(__file__, argv)):
+        run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Both parts of the module docstring, printed as they finish."""
     before = load_average()
     with tempfile.TemporaryDirectory() as workdir:
-        run, label = trained_run(args.run, Path(workdir), args.epochs)
+        run_dir, label = trained_run(args.run, Path(workdir), args.epochs)
         print(f"\n1. accuracy and speed by r on {label} (360 held-out images a call)")
-        print("\n".join(accuracy(run, [int(v) for v in args.digits_r.split(",")], args.rounds)), flush=True)
+        print("\n".join(accuracy(run_dir, [int(v) for v in args.digits_r.split(",")], args.rounds)), flush=True)
 
     torch.manual_seed(0)
     base = create_model("vit_b16", num_classes=1000)

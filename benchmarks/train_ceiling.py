@@ -4,10 +4,11 @@
     python benchmarks/train_ceiling.py --dtypes bf16-autocast --rounds 3
     python benchmarks/train_ceiling.py --compile default   # the step through torch.compile: 6 min
 
-benchmarks/bench_vit.py's training rows print vitkit's share of the peak: the FLOPs its step executes a second
-(forward, cross-entropy, backward, fused AdamW; the backward counted as twice the forward) over the rate of one large
-square product in the same precision (vitkit.bench.matmul_probe), timed in turn with the step. This script times
-the same step the same way, then profiles it (torch.profiler) and sorts its time into the products (every matmul,
+benchmarks/speed_targets.py's training rows (and bench_vit.py --mode train) print vitkit's share of the peak: the
+FLOPs its step executes a second (forward, cross-entropy, backward, fused AdamW; the backward counted as twice the
+forward) over the rate of one large square product in the same precision (harness.matmul_probe), timed in turn with
+the step, vitkit's model through ``optimize_for_training(model)`` (harness.vitkit_step). This script times the same
+step the same way, then profiles it (torch.profiler) and sorts its time into the products (every matmul,
 batched matmul, fused attention kernel and the patch convolution, each with the FLOPs its shapes give) and
 everything else. If nothing but the products ran, at the rates they reach inside the step, the step's share of the
 peak could not exceed
@@ -19,7 +20,7 @@ are checked against the step's count (they differ by the patch convolution's for
 image). ViTs only (the patch convolution's FLOPs are read with its stride equal to its kernel). Speed needs a quiet
 machine: the load average is checked.
 
-``--compile`` times and profiles the step with the model through torch.compile (as ``vitkit bench --compile``):
+``--compile`` times and profiles the step with the model through torch.compile (as ``bench_vit.py --compile``):
 inductor fuses the elementwise work around the products into kernels of its own, each profiled under its name,
 while the products stay library calls, counted as above (but for the class-token block's attention, one query a
 head, which inductor computes as a reduction of its own: 0.3 MFLOP an image for ViT-S/16).
@@ -37,12 +38,25 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from harness import (
+    BenchConfig,
+    build_model,
+    command_line,
+    executes_first_token,
+    load_average,
+    load_warnings,
+    matmul_probe,
+    paired_utilisation,
+    recorded,
+    step_seconds,
+    time_alternating,
+    vitkit_step,
+)
 
-from vitkit.bench import load_average, load_warnings, make_step, matmul_probe, time_alternating, vit_flops
-from vitkit.bench.harness import BenchConfig, build_model, paired_utilisation, step_seconds
+from vitkit.accel.training import tune_cpu_allocator
 from vitkit.device import bf16_is_fast, usable_cores
-from vitkit.fast import tune_cpu_allocator
 from vitkit.models import ViTConfig
+from vitkit.models.flops import vit_flops
 from vitkit.models.registry import model_config
 
 Shapes = Sequence[Sequence[int]]
@@ -84,17 +98,6 @@ PRODUCTS: dict[str, tuple[str, Callable[[Shapes], int]]] = {
 }
 
 
-def _outer_product(shapes: Shapes) -> int | None:
-    """The FLOPs of a broadcast product (..., n, 1) x (..., 1, m), as a batched gemm over K = 1 counts them (2 n m a
-    pair): the written-out attention forms the one-row query's key and value gradients so in fp32 training
-    (vitkit.models.attention._OneRowProduct). None for any other aten::mul."""
-    if len(shapes) == 2 and len(shapes[0]) == len(shapes[1]) >= 3:
-        a, b = shapes
-        if a[-1] == 1 and b[-2] == 1 and a[:-2] == b[:-2]:
-            return 2 * math.prod(a[:-1]) * b[-1]
-    return None
-
-
 def _in_backward(event: Any) -> bool:
     """Whether a profiler event ran inside the autograd engine (a backward function)."""
     while event is not None:
@@ -118,10 +121,7 @@ def breakdown(events: Any) -> tuple[dict[str, list[float]], dict[str, float]]:
     for event in events:
         seconds = event.self_cpu_time_total / 1e6
         shapes = [s for s in event.input_shapes if s]
-        outer = _outer_product(shapes) if event.name == "aten::mul" else None
-        if outer is not None:
-            kernel, count = "batched gemm", outer
-        elif event.name in PRODUCTS:
+        if event.name in PRODUCTS:
             kernel, flops = PRODUCTS[event.name]
             count = flops(shapes) if shapes else 0
         else:
@@ -231,8 +231,8 @@ def report(
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="vit_s16", help="a registered ViT (default vit_s16)")
-    p.add_argument("--batch-size", type=int, default=32, help="(default 32, as bench_vit.py's training rows)")
-    p.add_argument("--img-size", type=int, default=224, help="(default 224, as bench_vit.py's)")
+    p.add_argument("--batch-size", type=int, default=32, help="(default 32, as speed_targets.py's training rows)")
+    p.add_argument("--img-size", type=int, default=224, help="(default 224, as speed_targets.py's)")
     p.add_argument("--dtypes", default="fp32,bf16-autocast", help="comma-separated (default fp32,bf16-autocast)")
     p.add_argument("--rounds", type=int, default=5, help="timed rounds of step and probe (default 5)")
     p.add_argument("--profile", type=int, default=5, help="steps profiled, each after the probe (default 5)")
@@ -242,6 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         choices=("none", "default", "max-autotune"),
         help="torch.compile mode (default none)",
     )
+    p.add_argument("--results", help="also write what is printed as a result file (benchmarks/results/)")
     args = p.parse_args(argv)
     config = model_config(args.model)
     if not isinstance(config, ViTConfig):
@@ -249,18 +250,19 @@ def main(argv: list[str] | None = None) -> None:
     dtypes = args.dtypes.split(",")
     if unknown := [d for d in dtypes if d not in ("fp32", "bf16-autocast")]:
         p.error(f"--dtypes: {unknown} not among fp32, bf16-autocast")
-    tune_cpu_allocator()  # as bench_vit.py and vitkit train do
+    tune_cpu_allocator()  # as optimize_for_training and the other benchmarks do
     device = torch.device("cpu")
-    if "bf16-autocast" in dtypes and not bf16_is_fast(device):  # as bench_vit.py leaves out its bf16 rows
-        print("bf16 is emulated on this CPU (no AMX / AVX512-BF16): bf16-autocast is left out")
-        dtypes.remove("bf16-autocast")
-    before = load_average()
-    # a compiled step's own kernels, each under its name in the profile, rather than one event for the graph
-    with torch._inductor.config.patch({"cpp.enable_kernel_profile": args.compile != "none"}):
-        for dtype in dtypes:
-            run(args, dtype, config, device)
-    for line in load_warnings(before, load_average(), torch.get_num_threads(), usable_cores()):
-        print(line)
+    with recorded(args.results, command_line(__file__, argv)):
+        if "bf16-autocast" in dtypes and not bf16_is_fast(device):  # as speed_targets.py leaves out its bf16 rows
+            print("bf16 is emulated on this CPU (no AMX / AVX512-BF16): bf16-autocast is left out")
+            dtypes.remove("bf16-autocast")
+        before = load_average()
+        # a compiled step's own kernels, each under its name in the profile, rather than one event for the graph
+        with torch._inductor.config.patch({"cpp.enable_kernel_profile": args.compile != "none"}):
+            for dtype in dtypes:
+                run(args, dtype, config, device)
+        for line in load_warnings(before, load_average(), torch.get_num_threads(), usable_cores()):
+            print(line)
 
 
 def run(args: argparse.Namespace, dtype: str, config: ViTConfig, device: torch.device) -> None:
@@ -279,10 +281,11 @@ def run(args: argparse.Namespace, dtype: str, config: ViTConfig, device: torch.d
     torch.manual_seed(1)
     x = torch.randn(args.batch_size, config.in_chans, size, size)
     y = torch.randint(0, max(config.num_classes, 1), (args.batch_size,))
-    step = make_step(model, cfg, x, y, device)
+    first_token = executes_first_token(model, cfg)  # as optimize_for_training runs it (vitkit_step)
+    step = vitkit_step(model, cfg, x, y, device)
     built = model.config
     assert isinstance(built, ViTConfig)
-    flops = vit_flops(built, size, logits_path=True)
+    flops = vit_flops(built, size, first_token)
     step_flops = 3 * flops["total"] * args.batch_size
     probe, probe_flops = matmul_probe(
         torch.float32 if dtype == "fp32" else torch.bfloat16, device, seconds=step_seconds(step, device)

@@ -4,12 +4,12 @@
     python benchmarks/train_step_gpu.py --models vit_b16,vit_l16 --modes default
     python benchmarks/train_step_gpu.py --device cpu --models vit_s16 --depth 2 --batch 4 --modes none   # smoke test
 
-The step is the benchmark's own (vitkit.bench.harness.make_step): bf16 autocast over fp32 weights,
-cross-entropy, backward, fused AdamW. Each (library, compile mode) is built from the same weights, warmed up,
-then timed in rounds that take turns, ``--steps`` steps a round between device syncs; a row's time is the median
-round, and each peer's rounds over vitkit's in the same mode give a paired ratio with its 95% interval
-(vitkit.bench.stats). Then torch.profiler records ``--profile-steps`` steps of each row, and its kernels are
-summed by kind:
+The step is the benchmark's own (harness.make_step; vitkit's model through ``optimize_for_training(model)``,
+harness.vitkit_step): bf16 autocast over fp32 weights, cross-entropy, backward, fused AdamW. Each (library,
+compile mode) is built from the same weights, warmed up, then timed in rounds that take turns, ``--steps`` steps a
+round between device syncs; a row's time is the median round, and each peer's rounds over vitkit's in the same
+mode give a paired ratio with its 95% interval (harness.stats). Then torch.profiler records ``--profile-steps``
+steps of each row, and its kernels are summed by kind:
 
 - gemm: cuBLAS / cuBLASLt / CUTLASS matrix products (``aten::mm``, ``addmm``, ``bmm`` on a CPU);
 - attention: the SDPA kernels (flash, cuDNN, memory-efficient), forward and backward;
@@ -19,7 +19,7 @@ summed by kind:
 
 "busy" is the sum of the kernels' times over the step's wall time: where it is well under 100%, the device waits
 for the host to launch work (what CUDA graphs remove). MFU is the model's FLOPs (3x forward) per second over the
-GPU's dense bf16 datasheet peak (vitkit.bench.dense_bf16_peak); gemm TFLOP/s is the matrix-product FLOPs outside
+GPU's dense bf16 datasheet peak (harness.dense_bf16_peak); gemm TFLOP/s is the matrix-product FLOPs outside
 attention that the row's step executes (vitkit's class-token-only last block computes less) over the gemm kernels'
 time.
 """
@@ -35,13 +35,21 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import torch
-from peers import timm_peer  # beside this script (timm is no dependency of vitkit)
+from harness import (
+    SETTLE_S,
+    BenchConfig,
+    build_model,
+    dense_bf16_peak,
+    executes_first_token,
+    make_step,
+    paired_ratio_stats,
+    time_alternating,
+    timm_peer,
+    vitkit_step,
+)
 from torch import nn
 
-from vitkit.bench import BenchConfig, dense_bf16_peak, model_flops
-from vitkit.bench.flops import vit_flops
-from vitkit.bench.harness import SETTLE_S, build_model, make_step, time_alternating
-from vitkit.bench.stats import paired_ratio_stats
+from vitkit.models.flops import model_flops, vit_flops
 
 KINDS = ("gemm", "attention", "fused", "optimizer", "other")
 _PATTERNS = (
@@ -107,9 +115,9 @@ def timed_rounds(
 
 def gemm_flops(model: nn.Module, img_size: int, executed: bool) -> float:
     """A training step's matrix-product FLOPs an image outside attention's two products (3x forward): those vitkit
-    executes (``executed``: its class-token-only last block computes one token's projection and MLP) or the whole
-    model's, which timm executes."""
-    f = vit_flops(model.config, img_size, logits_path=executed)
+    executes (``executed``: its class-token-only last block, vitkit.accel.first_token, computes one token's projection
+    and MLP) or the whole model's, which timm executes."""
+    f = vit_flops(model.config, img_size, first_token=executed)
     return 3 * (f["total"] - f["attention"])
 
 
@@ -139,57 +147,68 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{gpu}; torch {torch.__version__}; dense bf16 peak for MFU: {peak:g} TFLOP/s", flush=True)
 
     for model_name in args.models.split(","):
-        overrides = {"depth": args.depth} if args.depth else {}
-        cfg = BenchConfig(
-            model=model_name,
-            batch_size=args.batch,
-            dtype="bf16-autocast",
-            mode="train",
-            device=args.device,
-            overrides=overrides,
-        )
-        base = build_model(cfg, device)
-        per_image = 3 * model_flops(base, cfg.img_size)
-        gemm_per_image = {lib: gemm_flops(base, cfg.img_size, executed=lib == "vitkit") for lib in libraries}
-        torch.manual_seed(1)
-        x = torch.randn(args.batch, 3, cfg.img_size, cfg.img_size, device=device)
-        y = torch.randint(0, base.config.num_classes, (args.batch,), device=device)
-        steps: dict[str, Callable[[], object]] = {}
-        for lib in libraries:
-            for mode in args.modes.split(","):
-                model = build_model(cfg, device) if lib == "vitkit" else timm_peer(build_model(cfg, device))
-                step = make_step(model, replace(cfg, compile=mode), x, y, device)
-                for _ in range(args.warmup):  # time_alternating syncs the device before it times
-                    step()
-                steps[f"{lib}/{mode}"] = step
-                print(f"  {model_name} {lib}/{mode}: built and warmed up", file=sys.stderr, flush=True)
-        rounds = timed_rounds(steps, device, args.steps, args.rounds)
-        seconds = {name: statistics.median(s) for name, s in rounds.items()}
-        print(f"\n{model_name}, training step at batch {args.batch} ({per_image / 1e9:.1f} GFLOP an image):")
-        head = f"{'row':<26}{'ms':>8}{'img/s':>9}{'MFU':>7}{'busy':>7}" + "".join(f"{k:>10}" for k in KINDS)
-        print(head + f"{'gemm TFLOP/s':>14}")
-        tops = {}
-        for name, step in steps.items():
-            kinds, tops[name] = profile_kinds(step, device, args.profile_steps)
-            s = seconds[name]
-            busy = sum(kinds.values()) / s
-            mfu = args.batch * per_image / s / (peak * 1e12)
-            gemm = args.batch * gemm_per_image[name.split("/")[0]]
-            gemm_rate = gemm / kinds["gemm"] / 1e12 if kinds["gemm"] else float("nan")
-            cells = "".join(f"{kinds[k] * 1e3:>8.2f}ms" for k in KINDS)
-            print(f"{name:<26}{s * 1e3:>8.2f}{args.batch / s:>9.1f}{mfu:>7.1%}{busy:>7.1%}{cells}{gemm_rate:>14.1f}")
-        for name in steps:  # each peer row against vitkit's in the same mode, round by round
-            lib, mode = name.split("/")
-            if lib != "vitkit" and f"vitkit/{mode}" in rounds:
-                print(f"vitkit/{mode} over {name}: {paired_ratio_stats(rounds[name], rounds[f'vitkit/{mode}'])}")
-        for name, top in tops.items():
-            print(f"\n{name}: costliest kernels, ms a step")
-            for kernel, s in top:
-                print(f"  {s * 1e3:8.3f}  {kind_of(kernel):<9}  {kernel[:110]}")
-        del steps
+        bench_model(model_name, args, libraries, peak, device)
         if device.type == "cuda":
             torch.cuda.empty_cache()
     return 0
+
+
+def bench_model(
+    model_name: str, args: argparse.Namespace, libraries: list[str], peak: float, device: torch.device
+) -> None:
+    """One model: each (library, mode) built, warmed up, timed in rounds taking turns, profiled; printed."""
+    overrides = {"depth": args.depth} if args.depth else {}
+    cfg = BenchConfig(
+        model=model_name,
+        batch_size=args.batch,
+        dtype="bf16-autocast",
+        mode="train",
+        device=args.device,
+        overrides=overrides,
+    )
+    base = build_model(cfg, device)
+    per_image = 3 * model_flops(base, cfg.img_size)
+    first_token = executes_first_token(base, cfg)  # what optimize_for_training runs (harness.vitkit_step)
+    gemm_per_image = {
+        lib: gemm_flops(base, cfg.img_size, executed=lib == "vitkit" and first_token) for lib in libraries
+    }
+    torch.manual_seed(1)
+    x = torch.randn(args.batch, 3, cfg.img_size, cfg.img_size, device=device)
+    y = torch.randint(0, base.config.num_classes, (args.batch,), device=device)
+    steps: dict[str, Callable[[], object]] = {}
+    for lib in libraries:
+        for mode in args.modes.split(","):
+            if lib == "vitkit":
+                step = vitkit_step(build_model(cfg, device), replace(cfg, compile=mode), x, y, device)
+            else:
+                step = make_step(timm_peer(build_model(cfg, device)), replace(cfg, compile=mode), x, y, device)
+            for _ in range(args.warmup):  # time_alternating syncs the device before it times
+                step()
+            steps[f"{lib}/{mode}"] = step
+            print(f"  {model_name} {lib}/{mode}: built and warmed up", file=sys.stderr, flush=True)
+    rounds = timed_rounds(steps, device, args.steps, args.rounds)
+    seconds = {name: statistics.median(s) for name, s in rounds.items()}
+    print(f"\n{model_name}, training step at batch {args.batch} ({per_image / 1e9:.1f} GFLOP an image):")
+    head = f"{'row':<26}{'ms':>8}{'img/s':>9}{'MFU':>7}{'busy':>7}" + "".join(f"{k:>10}" for k in KINDS)
+    print(head + f"{'gemm TFLOP/s':>14}")
+    tops = {}
+    for name, step in steps.items():
+        kinds, tops[name] = profile_kinds(step, device, args.profile_steps)
+        s = seconds[name]
+        busy = sum(kinds.values()) / s
+        mfu = args.batch * per_image / s / (peak * 1e12)
+        gemm = args.batch * gemm_per_image[name.split("/")[0]]
+        gemm_rate = gemm / kinds["gemm"] / 1e12 if kinds["gemm"] else float("nan")
+        cells = "".join(f"{kinds[k] * 1e3:>8.2f}ms" for k in KINDS)
+        print(f"{name:<26}{s * 1e3:>8.2f}{args.batch / s:>9.1f}{mfu:>7.1%}{busy:>7.1%}{cells}{gemm_rate:>14.1f}")
+    for name in steps:  # each peer row against vitkit's in the same mode, round by round
+        lib, mode = name.split("/")
+        if lib != "vitkit" and f"vitkit/{mode}" in rounds:
+            print(f"vitkit/{mode} over {name}: {paired_ratio_stats(rounds[name], rounds[f'vitkit/{mode}'])}")
+    for name, top in tops.items():
+        print(f"\n{name}: costliest kernels, ms a step")
+        for kernel, s in top:
+            print(f"  {s * 1e3:8.3f}  {kind_of(kernel):<9}  {kernel[:110]}")
 
 
 if __name__ == "__main__":

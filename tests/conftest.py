@@ -1,16 +1,22 @@
 """Shared fixtures: ``device`` runs a test on the CPU and, where CUDA is available, again on the GPU; ``script`` is
-the benchmark script a test module names in its SCRIPT, loaded as a module. The ``onednn_bf16`` marker skips a test
-where oneDNN multiplies no bf16."""
+the benchmark script a test module names in its SCRIPT, loaded as a module (benchmarks/ is on sys.path, so the
+scripts' ``harness`` package imports as it does for them). The ``onednn_bf16`` marker skips a test where oneDNN
+multiplies no bf16."""
 
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+if str(BENCHMARKS) not in sys.path:
+    sys.path.append(str(BENCHMARKS))  # `import harness`, as a script beside it does; appended: it shadows nothing
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -19,15 +25,17 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Tests marked onednn_bf16 skip where oneDNN multiplies no bf16 (AVX2-only CPUs: it needs AVX512 or
-    AVX-NE-CONVERT); there vitkit's bf16 Dense paths give way to F.linear."""
-    from vitkit.models.linear import onednn_bf16
+    AVX-NE-CONVERT); there vitkit.accel's bf16 Dense paths give way to F.linear."""
+    marked = [item for item in items if "onednn_bf16" in item.keywords]
+    if not marked:
+        return
+    from vitkit.accel.cpu import onednn_bf16  # only where a collected test needs it: the rest runs without accel
 
     if onednn_bf16():
         return
     skip = pytest.mark.skip(reason="oneDNN multiplies no bf16 on this CPU")
-    for item in items:
-        if "onednn_bf16" in item.keywords:
-            item.add_marker(skip)
+    for item in marked:
+        item.add_marker(skip)
 
 
 @pytest.fixture(params=DEVICES, ids=DEVICES)

@@ -14,8 +14,8 @@ from vitkit import ViTConfig
 from vitkit.data.augment import BatchAugment, cutmix_box
 from vitkit.errors import UserError
 from vitkit.train import Trainer, train
-from vitkit.train.config import config_from_dict
-from vitkit.train.engine import Classification
+from vitkit.train.objectives import Classification
+from vitkit.train.recipe import config_from_dict
 
 K = 5
 

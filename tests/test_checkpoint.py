@@ -14,8 +14,8 @@ from safetensors.torch import load_file, save_file
 import vitkit
 from vitkit import UserError, VisionTransformer
 from vitkit.checkpoint import LoadReport, native, save_pretrained
+from vitkit.checkpoint.config_from_weights import default_heads
 from vitkit.checkpoint.hf import save_hf, to_hf_model, vitkit_to_hf
-from vitkit.checkpoint.infer import default_heads
 from vitkit.checkpoint.official import infer_official_config, vitkit_to_official
 from vitkit.checkpoint.timm import vitkit_to_timm
 from vitkit.cli import main as cli_main
@@ -310,8 +310,6 @@ def test_hf_export_refuses_what_hf_cannot_express():
         vitkit_to_hf(tiny(**HYBRID))
     with pytest.raises(ValueError, match="pre-logits"):
         to_hf_model(tiny(representation_size=16))
-    with pytest.raises(ValueError, match="does not merge tokens, not token_merge=2"):
-        vitkit_to_hf(tiny(token_merge=2))
 
 
 # ------------------------------------------------------------------------------------------ timm
@@ -416,6 +414,33 @@ def test_weights_that_do_not_fit_never_load_quietly(tmp_path, capsys):
     assert cli_main(["convert", str(tmp_path / "lost.safetensors"), str(tmp_path / "out"), "num_heads=4"]) == 2
     err = capsys.readouterr().err
     assert "missing blocks.1." in err and not (tmp_path / "out").exists()
+
+
+def test_a_config_an_older_vitkit_saved_with_token_merge_still_loads(tmp_path):
+    """token_merge was a ViTConfig field; it is now a speed patch applied from outside. A saved 0 is dropped, a
+    saved r leaves the model config and comes back to load_model, which applies the patch (unless told not to)."""
+    import json
+
+    from vitkit.checkpoint import read_checkpoint
+
+    saved = tiny().eval()
+    save_pretrained(saved, tmp_path / "run")
+    path = tmp_path / "run" / "config.json"
+    doc = json.loads(path.read_text())
+    for r in (0, 3):
+        doc["model"]["token_merge"] = r
+        path.write_text(json.dumps(doc))
+        ckpt = read_checkpoint(tmp_path / "run")
+        assert "token_merge" not in ckpt.config and ckpt.token_merge == r
+        model, report = load_model(tmp_path / "run", return_report=True)
+        assert report.token_merge == r and getattr(model, "token_merge", 0) == r
+        assert model.state_dict().keys() == saved.state_dict().keys()
+    with torch.no_grad():
+        torch.testing.assert_close(load_model(tmp_path / "run", token_merge=0).eval()(images()), saved(images()))
+    doc["model"]["token_merge"] = -1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(UserError, match="model.token_merge=-1"):
+        read_checkpoint(tmp_path / "run")
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 import shutil
@@ -19,7 +18,7 @@ import yaml
 from PIL import Image
 
 import vitkit
-from vitkit import cli
+from vitkit import cli, cli_args
 from vitkit.checkpoint.native import save_pretrained
 from vitkit.cli import main
 from vitkit.models import VisionTransformer
@@ -53,7 +52,7 @@ def test_version_is_the_distributions_and_the_packages(capsys, monkeypatch):
     with pytest.raises(SystemExit) as info:
         main(["--version"])
     assert info.value.code == 0
-    assert capsys.readouterr().out == f"vitkit {cli.version()}\n"
+    assert capsys.readouterr().out == f"vitkit {cli_args.version()}\n"
 
     import importlib.metadata
 
@@ -61,7 +60,7 @@ def test_version_is_the_distributions_and_the_packages(capsys, monkeypatch):
         raise importlib.metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(importlib.metadata, "version", not_installed)
-    assert cli.version() == declared
+    assert cli_args.version() == declared
 
 
 def test_the_readme_examples_run_in_a_new_shell_after_activating_the_venv():
@@ -127,15 +126,13 @@ def test_importing_the_cli_changes_no_warning_setting():
 
 
 # ------------------------------------------------------------------------------------------------- outputs
-def test_bench_json_is_replaced_only_with_force(tmp_path, capsys):
-    out = tmp_path / "bench.json"
-    out.write_text("earlier results\n")
-    argv = ["bench", "--model", "vit_ti16", "--img-size", "32", "--batch-size", "2", "--repeats", "1", "--warmup", "0"]
-    argv += ["--device", "cpu", "--json", str(out)]
-    assert one_line_error(capsys, argv) == f"vitkit bench: error: {out}: exists; pass --force to replace it"
-    assert out.read_text() == "earlier results\n"
-    assert main([*argv, "--force"]) == 0
-    assert json.loads(out.read_text())["config"]["model"] == "vit_ti16"
+def test_bench_is_no_command_the_benchmarks_are_scripts(capsys):
+    """The benchmark harness left the package (python benchmarks/bench_vit.py): `vitkit bench` is argparse's
+    unknown-command error, as any other word would be."""
+    with pytest.raises(SystemExit) as info:
+        main(["bench", "--model", "vit_ti16"])
+    assert info.value.code == 2
+    assert "invalid choice: 'bench'" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------------------- train --data
@@ -293,11 +290,9 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
         (["export", "{ckpt}", "--onnx", "{tmp}/m.onnx"], "onnx", "ONNX export needs the onnx"),
         (["export", "{ckpt}", "--onnx", "{tmp}/m.onnx"], "onnxscript", "ONNX export needs the onnxscript"),
         (["export", "{ckpt}", "--onnx", "{tmp}/m.onnx"], "onnxruntime", "ONNX export needs the onnxruntime"),
-        (["bench", "--model", "vit_ti16", "--compare", "hf"], "transformers", "--compare hf needs the transformers"),
-        (["bench", "--model", "vit_ti16", "--compare", "onnx"], "onnxruntime", "--compare onnx needs the onnxruntime"),
         (["convert", "{ckpt}", "{tmp}/hf", "--to", "hf"], "transformers", "--to hf needs the transformers"),
     ],
-    ids=["export-onnx", "export-onnxscript", "export-onnxruntime", "bench-hf", "bench-onnx", "convert-hf"],
+    ids=["export-onnx", "export-onnxscript", "export-onnxruntime", "convert-hf"],
 )
 def test_a_missing_optional_package_is_one_line_with_the_pip_line(
     tiny_checkpoint, tmp_path, capsys, monkeypatch, argv, missing, expected
@@ -348,25 +343,29 @@ def test_the_library_raises_the_same_error_where_the_package_is_used(tmp_path, m
 
 def test_the_train_command_keeps_freed_memory_for_its_process_the_python_api_does_not(tmp_path, monkeypatch):
     """`vitkit train` (and `vitkit finetune`, through the same _run_training) owns its process and tunes its
-    allocator before training; `vitkit.train.train` leaves the process of whoever calls it as it is."""
-    import vitkit.fast
+    allocator before training (unless run.accel=none); `vitkit.train.train` leaves the process of whoever calls it as
+    it is."""
+    import vitkit.accel.training
     import vitkit.train
     from vitkit.train import TrainingInterrupted
 
     calls = []
 
-    def fake_train(cfg):
+    def fake_train(cfg, hooks):
         calls.append("train")
         raise TrainingInterrupted("stopped", 2)
 
-    monkeypatch.setattr(vitkit.fast, "tune_cpu_allocator", lambda: calls.append("tune") or True)
+    monkeypatch.setattr(vitkit.accel.training, "tune_cpu_allocator", lambda: calls.append("tune") or True)
     monkeypatch.setattr(vitkit.train, "train", fake_train)
     assert main(["train", "schedule.steps=1", f"run.out_dir={tmp_path}"]) == 130
     assert calls == ["tune", "train"]
+    calls.clear()
+    assert main(["train", "schedule.steps=1", f"run.out_dir={tmp_path}", "run.accel=none"]) == 130
+    assert calls == ["train"]
 
     monkeypatch.undo()
     calls.clear()
-    monkeypatch.setattr(vitkit.fast, "tune_cpu_allocator", lambda: calls.append("tune") or True)
+    monkeypatch.setattr(vitkit.accel.training, "tune_cpu_allocator", lambda: calls.append("tune") or True)
     overrides = ["schedule.steps=2", "schedule.warmup_steps=0", "run.eval_every=0", "run.plots=false"]
     cfg = load_config("digits", [*overrides, f"run.out_dir={tmp_path}"])
     assert vitkit.train.train(cfg).step == 2

@@ -14,16 +14,11 @@ from vitkit.checkpoint import save_pretrained
 from vitkit.cli import build_parser, main
 from vitkit.data import build_datasets
 from vitkit.train import config_from_dict, load_config
-from vitkit.train.config import REQUIRED, data_section, shipped_configs
-from vitkit.train.metrics import Pace, accuracy_figure, loss_figure
-from vitkit.train.recipe import (
-    CARRIED_RUN_KEYS,
-    EVALUATIONS,
-    describe_plan,
-    finetune_config,
-    format_duration,
-    run_name,
-)
+from vitkit.train.config import REQUIRED
+from vitkit.train.config_files import data_section, shipped_configs
+from vitkit.train.metrics import Pace, accuracy_figure, format_duration, loss_figure
+from vitkit.train.plan import describe_plan
+from vitkit.train.recipe import CARRIED_RUN_KEYS, EVALUATIONS, finetune_config, run_name
 
 SOURCE = dict(img_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=7)
 

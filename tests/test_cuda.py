@@ -1,5 +1,5 @@
-"""CUDA only: SDPA's flash kernel in a bf16 forward, the inference switch's CUDA defaults (bf16, compiled) and its
-CUDA graphs, mixed-precision training through the engine, and a compiled training step against eager."""
+"""CUDA only: SDPA's flash kernel in a bf16 forward, mixed-precision training through the engine, and a compiled
+training step against eager. (The inference switch's CUDA defaults and CUDA graphs: tests/accel/test_inference.py.)"""
 
 from __future__ import annotations
 
@@ -8,12 +8,10 @@ import math
 
 import pytest
 import torch
-from test_fast import tiny_vit
 from test_train import tiny
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
-from vitkit import optimize_for_inference
 from vitkit.models import create_model
 from vitkit.train import Trainer, config_from_dict
 
@@ -46,20 +44,6 @@ def test_a_bf16_vit_forward_runs_sdpa_as_flash_attention():
     assert any("flash" in k.lower() for k in kernels), kernels
 
 
-def test_optimize_for_inference_on_cuda_is_bf16_compiled_and_close_to_fp32():
-    """The switch's defaults on a CUDA model: bf16 and torch.compile; outputs within the CPU tests' bf16 bound."""
-    model = tiny_vit().to(CUDA)
-    x = torch.randn(3, 3, 32, 32).to(CUDA)
-    with torch.no_grad():
-        want = model(x)
-    fast = optimize_for_inference(model)
-    assert fast.precision == "bf16" and fast.dtype == torch.bfloat16 and fast.compile_mode != "none"
-    assert next(fast.parameters()).dtype == torch.bfloat16
-    got = fast(x)
-    assert got.dtype == torch.float32 and got.device == x.device
-    assert float((got - want).abs().max()) <= 5e-2 * max(1.0, float(want.abs().max()))
-
-
 @pytest.mark.parametrize("amp", ["bf16", "fp16"])
 def test_mixed_precision_training_lowers_the_loss_on_a_fixed_batch(tmp_path, amp):
     """The engine trains under autocast on CUDA: the loss on a batch seen at every step falls, and fp16 (only)
@@ -77,24 +61,6 @@ def test_mixed_precision_training_lowers_the_loss_on_a_fixed_batch(tmp_path, amp
     assert losses[-1] < 0.5 * losses[0], losses
     if amp == "fp16":
         assert 0 < trainer.scaler.get_scale() < math.inf
-
-
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_reduce_overhead_results_survive_the_next_call(precision):
-    """compile="reduce-overhead" replays CUDA graphs, whose output buffer the next replay overwrites: each call's
-    result stays its own, in fp32 (returned as computed) as in bf16 (cast back to fp32)."""
-    model = tiny_vit().to(CUDA)
-    x1, x2 = torch.randn(2, 3, 3, 32, 32).to(CUDA)
-    with torch.no_grad():
-        want1, want2 = model(x1), model(x2)
-    fast = optimize_for_inference(model, precision, compile="reduce-overhead")
-    for _ in range(3):  # warm-up, then the graph is recorded and replayed
-        fast(x1)
-    got1 = fast(x1)
-    got2 = fast(x2)
-    tol = 1e-4 if precision == "fp32" else 5e-2
-    assert torch.allclose(got1, want1, atol=tol * max(1.0, float(want1.abs().max())), rtol=0)
-    assert torch.allclose(got2, want2, atol=tol * max(1.0, float(want2.abs().max())), rtol=0)
 
 
 @pytest.mark.parametrize("amp, rtol", [("none", 1e-4), ("bf16", 2e-2)])

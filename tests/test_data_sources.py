@@ -370,7 +370,7 @@ def test_manifest_files_with_splits(tmp_path, fmt):
 
 
 def test_data_prefixes_name_the_sources():
-    from vitkit.train.config import data_section
+    from vitkit.train.config_files import data_section
 
     assert data_section("hf:ylecun/mnist:default") == {"source": "hf", "root": "ylecun/mnist:default"}
     assert data_section("wds:/d/train-{0..3}.tar") == {"source": "wds", "root": "/d/train-{0..3}.tar"}

@@ -16,16 +16,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from harness.memory import measure_step_memory  # benchmarks/harness: benchmarks/ is on sys.path (conftest.py)
 from PIL import Image
 
 import vitkit
 from vitkit import ResNetConfig, UserError, VisionTransformer, ViTConfig
-from vitkit.bench.memory import measure_step_memory
 from vitkit.checkpoint import save_pretrained
 from vitkit.cli import main
 from vitkit.errors import ConfigError
 from vitkit.hub import load_model
-from vitkit.models.attention import attends_explicitly
+from vitkit.models.vit import attends_explicitly
 from vitkit.train import build_model, config_from_dict, train
 from vitkit.train.config import _section_types
 
@@ -187,22 +187,20 @@ def test_every_forward_runs_the_blocks_through_one_loop():
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
         model(x)
-        assert seen == [(2, 17, 32), (2, 1, 32)]  # the last block computes the class token alone
-        seen.clear()
         model.forward_features(x)
         out = model.forward_intermediates(x)
-    assert seen == [(2, 17, 32)] * 4 and len(out["blocks"]) == 2
+    assert seen == [(2, 17, 32)] * 6 and len(out["blocks"]) == 2  # every token, every block: the model as built
 
 
 # ----------------------------------------------------------------------------------------------- floors
 # DESIGN.md's floors: a module imports only from its own floor or below. Keys are the first name under vitkit/.
 FLOORS = {
     **dict.fromkeys(("errors", "optional", "io", "device", "pixels", "preprocessing", "config_of"), 1),
-    **dict.fromkeys(("models", "evaluate", "deploy", "export", "fast"), 1),
-    **dict.fromkeys(("checkpoint", "pretrained", "aliases", "data"), 2),
-    **dict.fromkeys(("hub", "predict", "bench"), 3),
+    **dict.fromkeys(("models", "deploy"), 1),
+    **dict.fromkeys(("checkpoint", "pretrained", "data", "evaluate"), 2),
+    **dict.fromkeys(("hub", "predict", "export", "accel"), 3),
     **dict.fromkeys(("train", "inspect", "report", "sweep"), 4),
-    **dict.fromkeys(("cli", "__main__", "__init__"), 5),  # the package's own __init__: lazy public names
+    **dict.fromkeys(("cli", "cli_args", "__main__", "__init__"), 5),  # the package's own __init__: lazy public names
 }
 
 
@@ -267,7 +265,7 @@ def test_the_floor_check_sees_what_it_must_refuse(tmp_path):
 def test_importing_the_models_loads_no_checkpoint_code():
     code = "import sys, vitkit.models; print(sorted(m for m in sys.modules if m.startswith('vitkit.')))"
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert "vitkit.models" in loaded and "vitkit.checkpoint" not in loaded and "vitkit.bench" not in loaded
+    assert "vitkit.models" in loaded and "vitkit.checkpoint" not in loaded
 
 
 # ----------------------------------------------------------------------------------------------- errors
@@ -304,9 +302,9 @@ def test_models_pattern_is_a_glob_with_suggestions(capsys):
 
 
 # ------------------------------------------------------------------------------ process-wide side effects
-def test_commands_other_than_bench_leave_the_allocator_alone(tmp_path):
+def test_commands_that_do_not_train_leave_the_allocator_alone(tmp_path):
     code = (
-        "from vitkit.cli import main; import vitkit.fast as f; main(['models', 'vit_ti16']); "
+        "from vitkit.cli import main; import vitkit.accel.training as f; main(['models', 'vit_ti16']); "
         "print('tuned' if f.cpu_allocator_tuned() else 'default')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -385,3 +383,166 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly():
     proc.stdout.close()
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and proc.returncode in (0, 141)
+
+
+# ------------------------------------------------------------------------------------- rules of the house
+def _module_names() -> dict[str, Path]:
+    """Every module of the package by dotted name, a package by its own name (its __init__)."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the vitkit modules it imports, anywhere in the file (a package's __init__ is the package)."""
+    names = _module_names()
+    graph = {}
+    for name, path in names.items():
+        package = f"{name}.__init__" if path.name == "__init__.py" else None
+        found = {m.removesuffix(".__init__") for m in _imports(path, package)}
+        graph[name] = {m for m in found if m in names and m != name}
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_import_graph_is_acyclic_counting_imports_inside_functions():
+    graph = _import_graph()
+    assert len(graph) > 60 and sum(map(len, graph.values())) > 150  # the whole package, every edge
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_sees_a_cycle_through_a_function_level_import(tmp_path):
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    from .hub import load_model\n")
+    assert _imports(probe, package="vitkit.predict") == {"vitkit.hub"}
+
+
+MODELS_FORBIDDEN = re.compile(
+    r"autograd\.Function|torch\._C\b|torch\.ops\b|torch\._inductor|torch\.compile|mkldnn|_global_\w*hooks"
+    r"|register_module_\w*hook"
+)
+
+
+def test_the_models_are_plain_pytorch():
+    hits = [
+        f"{path.relative_to(PACKAGE)}:{i}: {line.strip()}"
+        for path in sorted((PACKAGE / "models").rglob("*.py"))
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        if MODELS_FORBIDDEN.search(line)
+    ]
+    assert hits == []
+    assert MODELS_FORBIDDEN.search("torch.ops.mkldnn._linear_pointwise(x)")  # the pattern sees what it must
+
+
+def test_importing_vitkit_and_building_a_model_loads_no_accel_module():
+    code = (
+        "import sys, torch, vitkit\n"
+        "for name in ('vit_ti16', 'r_vit_ti32', 'bit_r50x1'):\n"
+        "    m = vitkit.create_model(name, num_classes=3, img_size=32)\n"
+        "    m(torch.randn(1, 3, 32, 32))\n"
+        "vitkit.list_models(); vitkit.VisionTransformer(img_size=16, patch_size=4, width=32, depth=1, num_heads=2)\n"
+        "print(sorted(m for m in sys.modules if m.startswith('vitkit.accel')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_a_model_as_built_is_stock_pytorch_modules():
+    from vitkit.models import bit, common, heads, posemb, resnet, vit
+
+    ours = {m.__name__ for m in (bit, common, heads, posemb, resnet, vit)}
+    for name in ("vit_ti16", "r_vit_ti32", "bit_r50x1", "hybrid_resnet_r26x1"):
+        model = vitkit.create_model(name, num_classes=3, img_size=32)
+        for module in model.modules():
+            cls = type(module)
+            assert cls.__module__.startswith("torch.nn") or cls.__module__ in ours, f"{name}: {cls}"
+
+
+# tests outside tests/accel that reach into vitkit.accel, and why: none of them tests what accel computes
+ACCEL_OUTSIDE = {
+    "conftest.py": "the onednn_bf16 marker, read only where a collected test carries it",
+    "test_cli.py": "vitkit train tunes the allocator unless run.accel=none",
+    "test_design.py": "these rules",
+    "test_harness.py": "the benchmarks measure vitkit through its switches",
+}
+
+
+def test_accel_is_tested_in_tests_accel_and_the_rest_does_not_need_it():
+    tests = Path(__file__).parent
+    outside = [p for p in sorted(tests.rglob("*.py")) if "accel" not in p.relative_to(tests).parts]
+    imports_accel = re.compile(r"^\s*(from vitkit\.accel\b|import vitkit\.accel\b|from vitkit import accel\b)", re.M)
+    users = {p.name for p in outside if imports_accel.search(p.read_text())}
+    assert users <= set(ACCEL_OUTSIDE), f"accel's tests live in tests/accel/: {sorted(users - set(ACCEL_OUTSIDE))}"
+    leaning = [p.name for p in outside if re.search(r"^\s*(from|import) (tests\.)?accel\b", p.read_text(), re.M)]
+    assert leaning == []  # nothing outside imports tests/accel: the suite runs without that folder
+    assert len(list((tests / "accel").glob("test_*.py"))) >= 5
+
+
+SIZE_EXCEPTIONS = {"models/vit.py": 450, "pretrained/table.py": None}  # a data table: rows, not code
+
+
+def test_modules_functions_and_docstrings_fit_in_a_head():
+    too_long = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(PACKAGE))
+        text = path.read_text()
+        limit = SIZE_EXCEPTIONS.get(rel, 400)
+        if limit is not None and len(text.splitlines()) > limit:
+            too_long.append(f"{rel}: {len(text.splitlines())} lines > {limit}")
+        tree = ast.parse(text)
+        doc = ast.get_docstring(tree, clean=False) or ""
+        if len(doc.splitlines()) > 15:
+            too_long.append(f"{rel}: module docstring of {len(doc.splitlines())} lines > 15")
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = (node.end_lineno or node.lineno) - node.lineno + 1
+                if n > 60:
+                    too_long.append(f"{rel}:{node.lineno} {node.name}: {n} lines > 60")
+    assert too_long == []
+
+
+def test_no_measurements_inside_the_package():
+    ratio = re.compile(r"\b\d+\.\d+x\b")
+    hits = [
+        f"{path.relative_to(PACKAGE)}:{i}: {line.strip()[:80]}"
+        for path in sorted(PACKAGE.rglob("*"))
+        if path.suffix in (".py", ".yaml", ".md", ".txt")
+        for i, line in enumerate(path.read_text(errors="replace").splitlines(), 1)
+        if ratio.search(line)
+    ]
+    assert hits == [], "figures live in benchmarks/results/, beside the command that made them"

@@ -18,11 +18,12 @@ import pytest
 import vitkit
 from vitkit.cli import build_parser
 from vitkit.models import BiTConfig, ResNetConfig, ViTConfig
-from vitkit.train.config import SECTIONS, describe_config
+from vitkit.train.config import MODEL_SECTION_KEYS, SECTIONS, describe_config
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
+RESULTS = ROOT / "benchmarks" / "results"
 PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -113,7 +114,7 @@ def test_cli_page_lists_every_command() -> None:
 
 def config_keys() -> set[str]:
     model_fields = {f.name for cls in (ViTConfig, ResNetConfig, BiTConfig) for f in dataclasses.fields(cls)}
-    keys = {f"model.{name}" for name in {"name", *model_fields}}
+    keys = {f"model.{name}" for name in {*MODEL_SECTION_KEYS, *model_fields}}
     for section, cls in SECTIONS.items():
         if section != "model":
             keys |= {f"{section}.{f.name}" for f in dataclasses.fields(cls)}
@@ -152,23 +153,36 @@ def test_relative_links_resolve(path: Path) -> None:
 
 
 def test_layout_names_existing_modules() -> None:
-    """docs/layout.md names only files and folders the package has."""
+    """docs/layout.md names only files and folders the repository has, and in a folder's lines only its files."""
     (block,) = fences(DOCS / "layout.md", "text")
     folder = None
     for line in block.splitlines():
-        if line.startswith("vitkit/"):
+        if line.strip() and not line.startswith(" "):
             head = line.split()[0]
             assert (ROOT / head).exists(), head
             folder = head if head.endswith("/") else None
             rest = line[len(head) :]
-        elif line.strip() and not line.startswith(" "):
-            folder, rest = None, ""
-            assert (ROOT / line.split()[0]).exists(), line
         else:
             rest = line
         if folder is not None:
             for name in re.findall(r"\b\w+\.(?:py|css|js)\b", rest):
                 assert (ROOT / folder / name).exists(), f"{folder}{name}"
+
+
+@pytest.mark.parametrize(("path", "limit"), [(README, 140), (DOCS / "speed.md", 400)], ids=["README", "speed"])
+def test_page_within_its_length(path: Path, limit: int) -> None:
+    """The README is a front page and docs/speed.md today's table, not diaries: the history is git log."""
+    lines = len(path.read_text().splitlines())
+    assert lines <= limit, f"{page_id(path)} has {lines} lines; at most {limit}"
+
+
+def test_results_files_say_how_they_were_made() -> None:
+    """Every file of benchmarks/results/ but its README holds its command, machine and date (its header items)."""
+    files = [p for p in sorted(RESULTS.glob("*.md")) if p.name != "README.md"]
+    for path in files:
+        text = path.read_text()
+        for key in ("command", "machine", "date"):
+            assert re.search(rf"^(?:- )?{key}: \S", text, re.M), f"{page_id(path)}: no '{key}:' line"
 
 
 def test_reference_covers_the_public_api() -> None:

@@ -26,7 +26,6 @@ LAYOUTS: dict[str, dict] = {
     "gelu_exact": dict(gelu="exact"),
     "ln_eps_1e-12": dict(ln_eps=1e-12),
     "relative": dict(pos_embed="relative"),
-    "token_merge": dict(token_merge=3),
     "bit": dict(arch="bit", layers=(1, 1), width_factor=0.5, num_classes=5, img_size=32),
 }
 # the fields of a config that are the function it computes (training switches such as dropout are not)
@@ -35,11 +34,11 @@ TRAINING = ("dropout", "attn_dropout", "drop_path", "grad_checkpointing", "attn_
 # what each format cannot hold: these must be refused; every other pair must round-trip
 REFUSED = {
     "vitkit": set(),
-    "hf": {"gap", "map", "first", "pre_logits", "hybrid", "sincos", "learned_2d", "relative", "token_merge", "bit"},
-    "timm": {"map", "first", "sincos", "learned_2d", "relative", "token_merge", "bit"},
+    "hf": {"gap", "map", "first", "pre_logits", "hybrid", "sincos", "learned_2d", "relative", "bit"},
+    "timm": {"map", "first", "sincos", "learned_2d", "relative", "bit"},
     "official": {
         *("first", "sincos", "learned_2d", "non_square_32x48", "gelu_exact", "ln_eps_1e-12", "relative"),
-        *("token_merge", "bit"),
+        "bit",
     },
 }
 
@@ -126,11 +125,11 @@ def test_onnx_export_refuses_a_size_of_zero_in_one_line(tmp_path):
 
 
 def test_a_non_square_onnx_export_carries_its_preprocessing_and_computes_the_model(tmp_path):
-    from vitkit.export import check_onnx, export_onnx, read_preprocessing
+    from vitkit.export import check_onnx, export_onnx, read_onnx_preprocessing
 
     model = build("non_square_32x48")
     path = export_onnx(model, tmp_path / "m.onnx")
-    assert read_preprocessing(path).img_size == (32, 48)  # before, a non-square export carried no record
+    assert read_onnx_preprocessing(path).img_size == (32, 48)  # before, a non-square export carried no record
     assert check_onnx(path, model, batch_sizes=(2,), atol=1e-5) <= 1e-5
 
 

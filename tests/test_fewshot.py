@@ -184,7 +184,7 @@ class _Items(torch.utils.data.Dataset):
 def test_one_evaluation_loop_scores_every_kind_of_data_alike():
     from vitkit.data import TensorImageDataset
     from vitkit.evaluate.loop import batches
-    from vitkit.train.engine import evaluate
+    from vitkit.train.objectives import evaluate
 
     gen = torch.Generator().manual_seed(0)
     model = VisionTransformer(img_size=16, patch_size=8, width=16, depth=1, num_heads=2, mlp_dim=32, num_classes=7)

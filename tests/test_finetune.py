@@ -21,9 +21,10 @@ from vitkit.checkpoint.official import vitkit_to_official
 from vitkit.cli import main
 from vitkit.data import build_datasets
 from vitkit.train import Trainer, config_from_dict
-from vitkit.train import engine as engine_mod
-from vitkit.train.config import SECTIONS, data_section, describe_config, load_config
-from vitkit.train.optim import build_optimizer
+from vitkit.train import setup as setup_mod
+from vitkit.train.config import SECTIONS, describe_config
+from vitkit.train.config_files import data_section
+from vitkit.train.optim import build_optimizer, lr_at
 from vitkit.train.recipe import (
     SMALL_SOURCE,
     SMALL_SOURCE_STEPS_PER_EPOCH,
@@ -31,6 +32,7 @@ from vitkit.train.recipe import (
     default_optimizer,
     default_steps,
     finetune_config,
+    load_config,
     source_params,
 )
 
@@ -235,17 +237,17 @@ def test_a_warmup_longer_than_the_run_is_halved_with_a_warning(tmp_path):
         trainer = Trainer(_tiny(tmp_path, "schedule.steps=10", "schedule.warmup_steps=50", "optim.lr=0.1"))
     try:
         assert trainer.schedule.warmup_steps == 5 and trainer.cfg.schedule.warmup_steps == 50
-        lrs = [engine_mod.lr_at(s, 10, 0.1, trainer.schedule) for s in range(10)]
+        lrs = [lr_at(s, 10, 0.1, trainer.schedule) for s in range(10)]
         assert max(lrs) == pytest.approx(0.1)  # the learning rate reaches its value
     finally:
         trainer.close()
 
 
 def test_bf16_autocast_on_a_cpu_without_native_bf16_warns(tmp_path, monkeypatch):
-    monkeypatch.setattr(engine_mod, "bf16_is_fast", lambda device: False)
+    monkeypatch.setattr(setup_mod, "bf16_is_fast", lambda device: False)
     with pytest.warns(UserWarning, match="run.amp=bf16 on a CPU without native bf16.*run.amp=none is faster"):
         Trainer(_tiny(tmp_path, "schedule.steps=1", "run.amp=bf16")).close()
-    monkeypatch.setattr(engine_mod, "bf16_is_fast", lambda device: True)
+    monkeypatch.setattr(setup_mod, "bf16_is_fast", lambda device: True)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         Trainer(_tiny(tmp_path, "schedule.steps=1", "run.amp=bf16")).close()

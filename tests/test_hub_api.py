@@ -13,13 +13,13 @@ import torch
 from PIL import Image
 
 import vitkit
-from vitkit import UserError, aliases, hub
+from vitkit import UserError, hub
 from vitkit import pretrained as released
 from vitkit.checkpoint.official import vitkit_to_official
 from vitkit.errors import UserFileNotFoundError
 from vitkit.models import MODELS, registry
 from vitkit.preprocessing import Preprocessing
-from vitkit.pretrained import DEFAULT_WEIGHTS, PRETRAINED
+from vitkit.pretrained import DEFAULT_WEIGHTS, PRETRAINED, names
 
 SMALL = dict(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=1000)
 
@@ -109,7 +109,7 @@ def test_the_default_weights_follow_their_stated_rule():
     ],
 )
 def test_timm_and_hf_names_resolve_to_vitkit_rows(name, model, img_size, tag):
-    resolved = aliases.resolve_name(name)
+    resolved = names.resolve_name(name)
     assert (resolved.model, resolved.img_size, resolved.tag) == (model, img_size, tag)
     if tag is not None:
         row = PRETRAINED[tag]
@@ -117,12 +117,12 @@ def test_timm_and_hf_names_resolve_to_vitkit_rows(name, model, img_size, tag):
 
 
 def test_every_alias_lands_on_a_row_of_its_own_model_and_resolution():
-    for arch, target in aliases.TIMM_ARCHS.items():
+    for arch, target in names.TIMM_ARCHS.items():
         assert target is None or target[0] in MODELS, arch
-    for timm_tag in aliases.TIMM_WEIGHTS:
-        target = aliases.TIMM_ARCHS[timm_tag.partition(".")[0]]
+    for timm_tag in names.TIMM_WEIGHTS:
+        target = names.TIMM_ARCHS[timm_tag.partition(".")[0]]
         assert target is not None, timm_tag
-        tag = aliases._tag_of(timm_tag)
+        tag = names._tag_of(timm_tag)
         if tag is None:
             continue
         row = PRETRAINED[tag]
@@ -130,9 +130,9 @@ def test_every_alias_lands_on_a_row_of_its_own_model_and_resolution():
         fine_tuned = timm_tag.endswith("ft_in1k")
         assert not fine_tuned or row.img_size == target[1], timm_tag  # a 384 alias is a 384 fine-tune
         assert fine_tuned == (row.classes == "imagenet-1k" and "in21k" in row.weights), timm_tag
-        url = aliases.TIMM_WEIGHTS[timm_tag]
+        url = names.TIMM_WEIGHTS[timm_tag]
         assert url is None or not url.startswith("https://") or row.url == url  # the very file timm names
-    for name, (model, res, tag) in aliases.HF_NAMES.items():
+    for name, (model, res, tag) in names.HF_NAMES.items():
         row = PRETRAINED[tag]
         assert row.model == model and row.img_size == res, name
         assert ("in21k" in name) == (row.classes == "imagenet-21k"), name
@@ -147,8 +147,17 @@ def test_an_alias_gives_the_architecture_at_its_resolution():
     assert hybrid.config == registry.model_config("r_vit_ti32", img_size=384)
 
 
+def test_token_merging_is_a_speed_patch_asked_for_by_keyword():
+    plain = vitkit.create_model("vit_ti16", depth=1, img_size=32)
+    merging = vitkit.create_model("vit_ti16", token_merge=2, depth=1, img_size=32)
+    assert merging.token_merge == 2 and merging.config == plain.config  # the config knows nothing of it
+    assert merging.state_dict().keys() == plain.state_dict().keys()
+    with pytest.raises(UserError, match="token_merge=2: merging needs a VisionTransformer, not BiT"):
+        vitkit.create_model("bit_r50x1", token_merge=2)
+
+
 def test_weights_vitkit_does_not_hold_are_an_error_never_another_file():
-    assert aliases.TIMM_WEIGHTS["vit_base_patch16_224.augreg_in1k"] is None
+    assert names.TIMM_WEIGHTS["vit_base_patch16_224.augreg_in1k"] is None
     with pytest.raises(UserError, match=r"timm's vit_base_patch16_224.augreg_in1k is not in vitkit's weights table"):
         vitkit.load_model("vit_base_patch16_224.augreg_in1k")
     with pytest.raises(UserError, match="vit_b16.orig_in21k"):  # the error lists what vitkit has instead

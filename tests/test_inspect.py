@@ -128,8 +128,9 @@ def test_explicit_attention_sums_to_one_and_matches_fused(overrides):
         # the recorded probabilities reproduce the first block's attention output
         blk = model.blocks[0]
         tokens = blk.norm1(model.embed(x))
-        q, k, v = blk.attn._qkv(tokens)
-        out = blk.attn._out(attn[0] @ v)
+        B, N, D = tokens.shape
+        v = blk.attn.qkv(tokens).reshape(B, N, 3, blk.attn.num_heads, blk.attn.head_dim)[:, :, 2].transpose(1, 2)
+        out = blk.attn.proj((attn[0] @ v).transpose(1, 2).reshape(B, N, D))  # (B, nh, N, hd) -> (B, N, D)
     torch.testing.assert_close(explicit, fused, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out, blk.attn(tokens), rtol=1e-5, atol=1e-5)
 

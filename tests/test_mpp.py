@@ -18,6 +18,7 @@ from vitkit.hub import load_model
 from vitkit.models import VisionTransformer, model_from_config
 from vitkit.train import config_from_dict, train
 from vitkit.train.config import MPPConfig
+from vitkit.train.model import init_from_checkpoint
 from vitkit.train.mpp import (
     KEPT,
     MASKED,
@@ -30,7 +31,6 @@ from vitkit.train.mpp import (
     corrupt,
     draw_corruption,
 )
-from vitkit.train.recipe import init_from_checkpoint
 
 TINY_VIT = dict(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=4)
 

@@ -12,10 +12,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import vitkit
-from vitkit.bench import vit_flops
 from vitkit.checkpoint import save_pretrained
 from vitkit.errors import ConfigError, UserError
-from vitkit.models import VisionTransformer, ViTConfig
+from vitkit.models import VisionTransformer, ViTConfig, posemb
+from vitkit.models.flops import vit_flops
 from vitkit.models.posemb import relative_index, relative_table_shape, resample_relative
 
 TINY = dict(img_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=5)  # 4x4 grid
@@ -101,17 +101,23 @@ def test_fused_and_explicit_paths_agree_and_class_token_last_block_matches(overr
 
 
 @pytest.mark.parametrize("pos_embed", ["relative", "relative_2d"])
-@pytest.mark.parametrize("out_tokens", [1, 2, 5])
-def test_a_block_computing_its_first_tokens_only_slices_the_relative_rows(pos_embed, out_tokens):
-    # out_tokens 1: the class token alone (no relative term); 2 and 5: the class token and some patches
+@pytest.mark.parametrize("queries", [1, 2, 5])
+def test_the_relative_logits_of_the_first_queries_are_the_first_rows(pos_embed, queries):
+    # 1: the class token alone (no relative term); 2 and 5: the class token and some patches (a block computing its
+    # first tokens only, as vitkit.accel.first_token's does, reads these rows)
     model = tiny(pos_embed=pos_embed)
     tokens = model.forward_intermediates(images())["tokens"]
-    rel = model._relative_positions(model.grid, tokens.device)
-    blk = model.blocks[0]
+    attn, (B, N, D) = model.blocks[0].attn, tokens.shape
+    rel = posemb.relative_positions(model.grid, model.grid, model.config.relative_dims, 1, tokens.device)
     with torch.no_grad():
-        full = blk(tokens, rel=rel)
-        part = blk(tokens, out_tokens, rel)
-    torch.testing.assert_close(part, full[:, :out_tokens], atol=1e-5, rtol=1e-5)
+        q = attn.qkv(tokens)[..., :D].reshape(B, N, attn.num_heads, attn.head_dim).transpose(1, 2)
+        full, part = attn.logit_bias(q, rel), attn.logit_bias(q[:, :, :queries], rel)
+    assert full is not None and full.shape == (B, attn.num_heads, N, N)
+    assert full[:, :, 0].abs().max() == 0 and full[:, :, :, 0].abs().max() == 0  # the class token: no relative term
+    if queries == 1:
+        assert part is None
+    else:
+        torch.testing.assert_close(part, full[:, :, :queries], atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("overrides", [{}, {"representation_size": 24}, {"depth": 1}])
@@ -508,7 +514,7 @@ def test_flops_count_the_relative_logits(overrides):
                 model(x, attn_impl=attn_impl)
             else:
                 model.forward_head(model.forward_features(x, attn_impl=attn_impl))
-        parts = vit_flops(model.config, size, logits_path=logits_path)
+        parts = vit_flops(model.config, size)  # forward() as built computes every token, as forward_features does
         assert parts["total"] == counter.get_total_flops()
         assert parts["relative"] > 0
 

@@ -13,7 +13,8 @@ from vitkit.checkpoint.native import save_pretrained
 from vitkit.cli import main
 from vitkit.data import load_image
 from vitkit.models import ResNet, VisionTransformer
-from vitkit.predict import load_for_inference, predict_files, preprocessing_for, read_labels
+from vitkit.predict import load_for_inference, predict_files, read_labels
+from vitkit.preprocessing import read_preprocessing
 
 # The two photos that ship with scikit-learn (a development dependency), located without importing it.
 _SKLEARN = importlib.util.find_spec("sklearn")
@@ -131,10 +132,10 @@ def test_cli_a_missing_image_or_an_empty_folder_is_one_line_exit_2(checkpoint, t
 
 
 def test_defaults_without_metadata():
-    prep = preprocessing_for(tiny_classifier(), {})
+    prep = read_preprocessing({}, tiny_classifier().config.to_dict())
     assert (prep.img_size, prep.mean, prep.std, prep.class_names) == (32, [0.5] * 3, [0.5] * 3, None)
     resnet = ResNet(layers=(1,), width_factor=0.5, num_classes=3, in_chans=1, img_size=24)
-    prep = preprocessing_for(resnet, {"img_size": 48, "mean": 0.2, "std": [0.3]})
+    prep = read_preprocessing({"img_size": 48, "mean": 0.2, "std": [0.3]}, resnet.config.to_dict())
     assert (prep.img_size, prep.in_chans, prep.mean, prep.std) == (48, 1, [0.2], [0.3])
     with pytest.raises(ValueError, match="in_chans=3 but the model takes 1"):
-        preprocessing_for(resnet, {"in_chans": 3})
+        read_preprocessing({"in_chans": 3}, resnet.config.to_dict())

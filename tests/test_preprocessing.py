@@ -120,15 +120,15 @@ def test_timm_export_carries_the_record_in_pretrained_cfg(checkpoint, tmp_path):
 def test_onnx_export_stores_the_record_in_metadata_props(checkpoint, tmp_path):
     onnx = pytest.importorskip("onnx")
     pytest.importorskip("onnxscript")
-    from vitkit.export import export_onnx, read_preprocessing
+    from vitkit.export import export_onnx, read_onnx_preprocessing
 
     model, prep, _ = load_for_inference(checkpoint)
     path = export_onnx(model, tmp_path / "m.onnx", preprocessing=prep)
     props = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert json.loads(props["class_names"]) == NAMES
-    assert read_preprocessing(path) == prep
+    assert read_onnx_preprocessing(path) == prep
     pytest.importorskip("onnxruntime")
-    assert read_preprocessing(export_onnx(model, tmp_path / "q.onnx", preprocessing=prep, int8=True)) == prep
+    assert read_onnx_preprocessing(export_onnx(model, tmp_path / "q.onnx", preprocessing=prep, int8=True)) == prep
 
 
 def test_hf_processor_spellings():

@@ -463,7 +463,7 @@ def test_every_row_names_a_model_a_known_source_and_consistent_inputs():
 
 
 def test_imagenet_class_names_are_1000_unique_lines():
-    path = Path(released.__file__).with_name("data") / "imagenet1k_classes.txt"
+    path = Path(vitkit.__file__).with_name("data") / "imagenet1k_classes.txt"
     lines = path.read_text().splitlines()
     assert len(lines) == 1000 and len(set(lines)) == 1000 and all(line.strip() == line != "" for line in lines)
     assert lines[0] == "tench, Tinca tinca" and lines[-1] == "toilet tissue, toilet paper, bathroom tissue"

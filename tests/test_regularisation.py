@@ -74,25 +74,18 @@ class _Const(nn.Module):
         super().__init__()
         self.value = value
 
-    def forward(self, x, out_tokens=None, rel=None, explicit=False):
-        n = x.shape[1] if out_tokens is None else out_tokens
-        return torch.full((x.shape[0], n, x.shape[2]), self.value)
-
-    def forward_explicit(self, x, rel=None):
-        return self.forward(x), None
+    def forward(self, x, rel=None, explicit=False, attention=None):
+        return torch.full(x.shape, self.value)
 
 
-@pytest.mark.parametrize("path", ["sdpa", "out_tokens", "explicit"])
+@pytest.mark.parametrize("path", ["sdpa", "explicit"])
 def test_drop_path_drops_whole_samples_at_the_rate(path):
     p, B, N, D = 0.3, 20000, 3, SMALL["width"]
     blk = Block(ViTConfig(**SMALL), drop_path=p).train()
     blk.attn, blk.mlp = _Const(1.0), _Const(2.0)  # the MLP branch's value tells the two branches apart
     x = torch.zeros(B, N, D)
     torch.manual_seed(1)
-    if path == "explicit":
-        out, _ = blk.forward_explicit(x)
-    else:
-        out = blk(x, 1 if path == "out_tokens" else None)
+    out = blk(x, explicit=path == "explicit")
     # a sample's branch is dropped or kept whole: every element of it has the same value
     assert torch.equal(out, out[:, :1, :1].expand_as(out))
     v = out[:, 0, 0]

@@ -31,6 +31,7 @@ from vitkit.data import DataConfig, build_datasets
 from vitkit.report import Chart, Page, Series
 from vitkit.report.evaluation import confusion_matrix
 from vitkit.report.html import CSP
+from vitkit.report.run import REPORT_HOOKS
 from vitkit.train import load_config, train
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
@@ -38,7 +39,8 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stab
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    """`vitkit train digits schedule.steps=30` (train records every 5 steps), which writes report.html."""
+    """`vitkit train digits schedule.steps=30` (train records every 5 steps), which writes report.html (the
+    training calls the report's hooks, as the command line passes them)."""
     out = tmp_path_factory.mktemp("runs")
     cfg = load_config(
         "digits",
@@ -51,7 +53,7 @@ def run_dir(tmp_path_factory) -> Path:
             "run.threads=1",
         ],
     )
-    return train(cfg).run_dir
+    return train(cfg, REPORT_HOOKS).run_dir
 
 
 @pytest.fixture(scope="module")
@@ -180,7 +182,7 @@ def test_a_masked_patch_prediction_run_reports_its_own_score(tmp_path):
         "mpp_digits",
         ["schedule.steps=6", f"run.out_dir={tmp_path}", "run.progress=false", "run.threads=1", "run.log_every=2"],
     )
-    result = train(cfg)
+    result = train(cfg, REPORT_HOOKS)
     page = (result.run_dir / "report.html").read_text()
     final = [r for r in records(result.run_dir) if r["kind"] == "eval"][-1]
     headline = page.split('<section id="config">')[0]
@@ -349,22 +351,26 @@ def test_training_rewrites_the_page_at_evaluations_and_a_failure_is_a_warning(tm
         "run.eval_every=2",
     ]
     args.append("run.threads=1")
-    train(load_config("digits", [*args, f"run.out_dir={tmp_path / 'a'}", "run.progress=false"]))
+    train(load_config("digits", [*args, f"run.out_dir={tmp_path / 'a'}", "run.progress=false"]), REPORT_HOOKS)
     during = [text for is_during, text in written if is_during]
     assert len(during) == 2  # the evaluations at steps 2 and 4 (the one at 6 is the end's, with the full page)
     for step, text in zip((2, 4), during):
         assert f"Written during training (step {step}," in text and 'data-chart="loss"' in text
         assert 'class="confusion"' not in text and "Fig 6:" not in text  # no model loaded mid-run
-    # mid-run pages go to the spy, the final one is written by the engine's own import of the real function
+    # the final page too goes through write_run_report (the spy writes it with the real function)
+    assert [is_during for is_during, _ in written] == [True, True, False]
     final = next(tmp_path.joinpath("a").iterdir()) / "report.html"
     assert "Written during training" not in final.read_text() and 'class="confusion"' in final.read_text()
 
-    def broken(*a, **k):
-        raise OSError("disk full")
+    def broken(run_dir, out=None, device="auto", during=False):  # mid-run only: the end's page is written
+        if during:
+            raise OSError("disk full")
+        return real(run_dir, out, device, during)
 
     monkeypatch.setattr(report_run, "write_run_report", broken)
+    cfg = load_config("digits", [*args, f"run.out_dir={tmp_path / 'b'}", "run.progress=false"])
     with pytest.warns(UserWarning, match="not rewritten during training: OSError: disk full"):
-        result = train(load_config("digits", [*args, f"run.out_dir={tmp_path / 'b'}", "run.progress=false"]))
+        result = train(cfg, REPORT_HOOKS)
     assert result.step == 6
 
 
@@ -374,9 +380,13 @@ SWEEP_METRICS = ["eval_top1", "eval_loss", "train.loss"]
 
 @pytest.fixture(scope="module")
 def sweep_dir(tmp_path_factory) -> Path:
-    """The tiny digits sweep of test_sweep.py cut to 2 learning rates x 2 seeds of 10 steps (seconds)."""
+    """The tiny digits sweep of test_sweep.py cut to 2 learning rates x 2 seeds of 10 steps (seconds), with the
+    pages `vitkit sweep` asks for (each run's, through its training's hooks; the sweep's, once it is tabulated)."""
+    from functools import partial
+
     from test_sweep import _write_spec
 
+    from vitkit.report.sweep import write_sweep_report
     from vitkit.sweep import run_sweep
 
     tmp = tmp_path_factory.mktemp("sweep")
@@ -388,7 +398,8 @@ def sweep_dir(tmp_path_factory) -> Path:
         overrides=["run.eval_batch_size=512", "schedule.steps=10", "run.save_every=0"],
     )
     out = tmp / "out"
-    result = run_sweep(spec, out, log=lambda line: None)
+    page = partial(write_sweep_report, write_missing=False)
+    result = run_sweep(spec, out, log=lambda line: None, run_hooks=REPORT_HOOKS, page=page)
     assert not result.failed and out / "report.html" in result.files
     return out
 

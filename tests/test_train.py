@@ -584,7 +584,7 @@ def test_training_configs_are_frozen_values():
     assert changed.optim.lr == 1e-2 and cfg.optim.lr == 3e-4 and changed.run is cfg.run
     assert dataclasses.replace(cfg.schedule, steps=0).steps is None  # "not set", as older configs wrote it
 
-    from vitkit.bench import BenchConfig
+    from harness import BenchConfig  # benchmarks/harness (benchmarks/ is on sys.path: conftest.py)
 
     bench = BenchConfig(model="vit_ti16", compare=["hf"], device="cpu")  # type: ignore[arg-type]
     assert bench.compare == ("hf",)  # a list given is kept as the declared tuple

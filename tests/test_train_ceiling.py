@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import BenchConfig, build_model, vitkit_step
 
-from vitkit.bench import make_step, vit_flops
-from vitkit.bench.harness import BenchConfig, build_model
 from vitkit.device import bf16_is_fast
+from vitkit.models.flops import vit_flops
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_ceiling.py"
 
@@ -32,10 +32,10 @@ def _profiled_products(
     )
     model = build_model(cfg, torch.device("cpu"))
     x, y = torch.randn(batch, 3, img, img), torch.randint(0, 1000, (batch,))
-    step = make_step(model, cfg, x, y, torch.device("cpu"))
+    step = vitkit_step(model, cfg, x, y, torch.device("cpu"))  # through optimize_for_training, as the script runs it
     step()
     products, _ = script.breakdown(script.profiled(step, shapes=True)[0])
-    return products, vit_flops(model.config, img, logits_path=True)
+    return products, vit_flops(model.config, img, first_token=True)
 
 
 @pytest.mark.parametrize(
@@ -51,9 +51,9 @@ def _profiled_products(
     ],
 )
 def test_the_products_found_are_the_flops_the_step_counts_forward_and_backward(script, dtype, attn, img, batch):
-    # independent of the profiler: the analytic count of what the forward executes (the last block computes the class
-    # token alone); the backward is twice every product but the patch convolution's, whose input (the image) needs
-    # no gradient
+    # independent of the profiler: the analytic count of what the forward executes (optimize_for_training's last
+    # block computes the class token alone); the backward is twice every product but the patch convolution's, whose
+    # input (the image) needs no gradient
     products, flops = _profiled_products(script, dtype, attn, img, batch)
     forward = sum(f for group, (_, f) in products.items() if group.startswith("forward "))
     backward = sum(f for group, (_, f) in products.items() if group.startswith("backward "))
@@ -103,7 +103,7 @@ def test_a_run_prints_fp32_and_bf16_where_it_is_native(script, capsys, monkeypat
     monkeypatch.setattr(script, "matmul_probe", functools.partial(script.matmul_probe, max_n=256))  # a short probe
     script.main(["--model", "vit_ti16", "--img-size", "32", "--batch-size", "2", "--rounds", "1", "--profile", "1"])
     out = capsys.readouterr().out
-    native = bf16_is_fast(torch.device("cpu"))  # emulated bf16 is left out, as bench_vit.py leaves it
+    native = bf16_is_fast(torch.device("cpu"))  # emulated bf16 is left out, as speed_targets.py leaves it
     assert "vit_ti16 training step, batch 2, fp32 (" in out
     assert ("vit_ti16 training step, batch 2, bf16-autocast (" in out) == native
     assert ("bf16 is emulated on this CPU" in out) == (not native)

@@ -13,8 +13,8 @@ SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "train_step_gpu.py
 
 
 @pytest.fixture
-def script(monkeypatch):
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))  # as running the script does: its sibling peers.py imports
+def script():
+    """A fresh copy of the script for each test (one replaces its timm_peer)."""
     spec = importlib.util.spec_from_file_location("train_step_gpu", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -92,9 +92,9 @@ def test_a_peer_row_gets_a_paired_ratio_against_vitkit_in_its_mode(script, monke
 
 
 def test_the_gemm_rate_counts_the_products_each_library_executes(script):
-    """vitkit's class-token-only last block computes one token's query, projection and MLP: its step's products
-    outside attention are the model's less 196 tokens' worth of those in one block (3x forward), which timm
-    computes."""
+    """vitkit's class-token-only last block (optimize_for_training's) computes one token's query, projection and MLP:
+    its step's products outside attention are the model's less 196 tokens' worth of those in one block (3x forward),
+    which timm computes."""
     from vitkit.models import create_model
 
     model = create_model("vit_b16")

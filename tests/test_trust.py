@@ -25,7 +25,7 @@ import vitkit
 from vitkit import UserError
 from vitkit import pretrained as released
 from vitkit.cli import main
-from vitkit.pretrained import PRETRAINED, PretrainedRow, resolve_pretrained
+from vitkit.pretrained import PRETRAINED, PretrainedRow, download, resolve_pretrained
 
 Handler = Callable[[http.server.BaseHTTPRequestHandler], None]
 
@@ -308,7 +308,7 @@ def test_a_full_disk_during_a_download_is_one_line_naming_the_file(server, cache
         def write(self, data: bytes) -> int:
             raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(released, "open", Full, raising=False)  # the module's open: its download file only
+    monkeypatch.setattr(download, "open", Full, raising=False)  # the module's open: its download file only
     with pytest.raises(UserError) as e:
         fetch(row_at(server, "/w/tiny.npz"))
     path = cache / "w" / "tiny.npz"

@@ -24,7 +24,7 @@ from vitkit.cli import main
 from vitkit.data import DataConfig, build_datasets
 from vitkit.hub import load_model
 from vitkit.train import load_config
-from vitkit.train.config import _UniqueKeyLoader
+from vitkit.train.config_files import _UniqueKeyLoader
 
 TINY = dict(img_size=32, patch_size=8, width=32, depth=2, num_heads=4, mlp_dim=64, num_classes=2)
 COMMANDS = ("eval", "predict", "convert")
@@ -281,12 +281,12 @@ def test_invalid_yaml_is_one_line(tmp_path, capsys):
 
 
 def test_a_bug_while_loading_a_config_keeps_its_traceback(monkeypatch, capsys):
-    import vitkit.train.config as config_mod
+    import vitkit.train.overrides as overrides_mod
 
     def broken_coerce(value, tp, key):  # an internal invariant breaking, not a bad value from the user
         raise ValueError("internal: coercion table out of step")
 
-    monkeypatch.setattr(config_mod, "_coerce", broken_coerce)
+    monkeypatch.setattr(overrides_mod, "_coerce", broken_coerce)
     with pytest.raises(ValueError, match="internal: coercion table") as caught:
         load_config("digits", ["optim.lr=3e-4"])
     assert not isinstance(caught.value, UserError)  # not dressed up as the user's mistake

@@ -45,7 +45,8 @@ _LAZY = {
     "Preprocessing": "vitkit.preprocessing",
     "list_pretrained": "vitkit.pretrained",
     "save_pretrained": "vitkit.checkpoint",
-    "optimize_for_inference": "vitkit.fast",
+    "optimize_for_inference": "vitkit.accel.inference",
+    "optimize_for_training": "vitkit.accel.training",
 }
 
 

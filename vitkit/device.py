@@ -1,7 +1,7 @@
 """What this machine can do, asked in one place: the CPU's instruction-set flags and usable cores, whether bf16 is
 native, and the autocast context for a precision name (``none`` / ``bf16`` / ``fp16``).
 
-Training, evaluation, few-shot features, the benchmark and the inference switch (fast.py) all ask here, so that a
+Training, evaluation, few-shot features, the benchmark and the speed switches (vitkit.accel) all ask here, so that a
 run's precision means the same thing to each of them.
 """
 
@@ -12,6 +12,9 @@ import functools
 import os
 
 import torch
+
+# torch.compile's modes ("reduce-overhead" replays CUDA graphs), and "none"
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}  # autocast precisions; "none" runs in fp32
 

@@ -28,7 +28,7 @@ from .config_of import config_of
 from .errors import UserError, UserFileNotFoundError
 from .io import atomic_write
 from .optional import require
-from .preprocessing import Preprocessing, for_config, from_onnx_metadata
+from .preprocessing import Preprocessing, from_onnx_metadata, read_preprocessing
 
 INPUT_NAME = "pixel_values"
 OUTPUT_NAME = "logits"
@@ -51,11 +51,11 @@ def export_onnx(
     """Write model (fp32, eval) as ONNX with a dynamic batch axis; img_size defaults to the model's own.
 
     The file's metadata_props carry the preprocessing record (``preprocessing``, else the model's own: [-1, 1]
-    pixels) at the exported size, and the class names: ``read_preprocessing(path)`` reads them back.
+    pixels) at the exported size, and the class names: ``read_onnx_preprocessing(path)`` reads them back.
 
     The file is written atomically (an interrupted export or a full disk leaves no partial file under the
     name), and an existing file is replaced only with ``force``. ``int8``: the fp32 graph is then dynamically
-    quantised by onnxruntime (quantize_int8_onnx): its MatMul weights int8, as vitkit.fast's int8 path has them.
+    quantised by onnxruntime (quantize_int8_onnx): its MatMul weights int8, as vitkit.accel.int8 has them.
     """
     config = config_of(model)
     size = config.img_size if img_size is None else img_size
@@ -67,7 +67,7 @@ def export_onnx(
     path = Path(path)
     if path.exists() and not force:
         raise UserError(f"{path}: exists; pass --force (force=True) to replace it")
-    prep = preprocessing or for_config({}, config.to_dict(), source="the model")
+    prep = preprocessing or read_preprocessing({}, config.to_dict(), source="the model")
     props = replace(prep, img_size=h if h == w else (h, w)).to_onnx_metadata()  # the record at the exported size
     model = _fp32_eval(model)
     example = torch.zeros(2, config.in_chans, h, w, device=next(model.parameters()).device)
@@ -98,7 +98,7 @@ def export_onnx(
     return path
 
 
-def read_preprocessing(path: str | Path) -> Preprocessing:
+def read_onnx_preprocessing(path: str | Path) -> Preprocessing:
     """The preprocessing record an ONNX file written by ``export_onnx`` carries in its metadata_props."""
     onnx = _require("onnx")
     model = onnx.load(str(path), load_external_data=False)
@@ -109,8 +109,10 @@ def quantize_int8_onnx(src: str | Path, dst: str | Path) -> None:
     """onnxruntime's dynamic quantisation of an fp32 graph: MatMul/Gemm weights int8 per output channel,
     activations quantised to uint8 at run time from their range, integer accumulation.
 
-    Only the matmuls are quantised (the patch-embedding convolution stays fp32), as in vitkit.fast's int8 path,
-    whose activations are quantised per token rather than per tensor.
+    Only the matmuls are quantised (the patch-embedding convolution stays fp32), as in vitkit.accel.int8,
+    whose activations are quantised per token rather than per tensor. Weights use 7 bits (``reduce_range``): a CPU
+    without VNNI multiplies uint8 by int8 in pairs summed to int16, which 8-bit weights can overflow, and the file
+    may run on any CPU.
     """
     onnx = _require("onnx")
     _require("onnxruntime")
@@ -124,7 +126,12 @@ def quantize_int8_onnx(src: str | Path, dst: str | Path) -> None:
     logging.disable(logging.WARNING)  # its advice to pre-process the graph is for static quantisation
     try:
         quantize_dynamic(
-            graph, str(dst), op_types_to_quantize=["MatMul", "Gemm"], per_channel=True, weight_type=QuantType.QInt8
+            graph,
+            str(dst),
+            op_types_to_quantize=["MatMul", "Gemm"],
+            per_channel=True,
+            reduce_range=True,
+            weight_type=QuantType.QInt8,
         )
     finally:
         logging.disable(previous)

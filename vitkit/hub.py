@@ -1,21 +1,15 @@
-"""Models by name, with weights, the way timm and Hugging Face users expect them.
+"""Models by name, with weights, the way timm and Hugging Face users expect them: THE public loader.
 
 ``create_model("vit_b16", pretrained=True)`` builds ViT-B/16 with its default weights;
 ``load_model("vit_b16.augreg_in21k")`` builds and loads released weights from their tag alone;
 ``load_model("runs/digits")`` reads a checkpoint in any supported format; ``preprocess(model, images)`` turns
 image files or PIL images into the batch the weights expect.
 
-Names: a registered model (``vit_b16``, see ``list_models``), a tag ``<model>.<weights>`` (see
-``list_pretrained``), or a timm or Hugging Face name of the same thing (``vit_base_patch16_384``,
-``vit_small_patch16_384.augreg_in21k_ft_in1k``, ``google/vit-base-patch16-224``; vitkit.aliases). An alias gives
-the architecture at the alias's resolution and, with weights, the vitkit row holding the same released file; a
-name of weights vitkit has no row for is an error, never another file.
-
-The model table (vitkit.models) builds models with random weights and knows nothing of files; this module
-joins it to the checkpoint readers (vitkit.checkpoint) and to the table of released weights
-(vitkit.pretrained), one floor up. A pretrained tag is downloaded on first use (network access needed once),
-then read from the cache. A model this module loads carries its weights' preprocessing record
-(vitkit.preprocessing.Preprocessing) as ``model.preprocessing``, as timm's models carry ``pretrained_cfg``.
+Names: a registered model (``list_models``), a tag ``<model>.<weights>`` (``list_pretrained``), or a timm or
+Hugging Face name of the same thing (vitkit.pretrained.names); a name of weights vitkit has no row for is an
+error, never another file. This module joins the model table (vitkit.models), which knows nothing of files, to
+the checkpoint readers (vitkit.checkpoint) and the released weights (vitkit.pretrained). A model it loads
+carries its weights' preprocessing record as ``model.preprocessing``, as timm's models carry ``pretrained_cfg``.
 """
 
 from __future__ import annotations
@@ -30,16 +24,15 @@ import torch
 from PIL import Image
 from torch import nn
 
-from . import pretrained as released
-from .aliases import HF_NAMES, TIMM_ARCHS, resolve_name, suggest
 from .checkpoint import loader
 from .checkpoint.loader import Checkpoint, LoadReport
 from .config_of import config_of
-from .data import IMAGE_EXTENSIONS, load_image
+from .data import IMAGE_EXTENSIONS, image_transform, load_image
 from .errors import UserError, UserFileNotFoundError
-from .models import registry
-from .predict import image_transform, preprocessing_for
-from .preprocessing import Preprocessing
+from .models import VisionTransformer, registry
+from .preprocessing import Preprocessing, read_preprocessing
+from .pretrained import PretrainedRow, get_pretrained, is_tag, read_pretrained
+from .pretrained.names import HF_NAMES, TIMM_ARCHS, Resolved, name_hint, resolve_name
 
 __all__ = [
     "create_model",
@@ -59,7 +52,7 @@ def _is_known_name(text: str) -> bool:
     Hugging Face name."""
     arch = text.partition(".")[0]
     known = (*registry.MODELS, *registry.RENAMED, *HF_NAMES, *TIMM_ARCHS)
-    return text in known or arch in known or arch.lower() in registry.KNOWN_AS or released.is_tag(text)
+    return text in known or arch in known or arch.lower() in registry.KNOWN_AS or is_tag(text)
 
 
 def _reads_as_name(text: str) -> bool:
@@ -70,7 +63,7 @@ def _reads_as_name(text: str) -> bool:
     return "/" not in text and os.sep not in text and not Path(text).suffix
 
 
-def _row_for(name_or_path: str | Path, model: str | None = None) -> released.PretrainedRow | None:
+def _row_for(name_or_path: str | Path, model: str | None = None) -> PretrainedRow | None:
     """The pretrained row a string names, or None when it is a path.
 
     An existing path is a path. A tag ``<model>.<weights>``, a timm or Hugging Face name of weights, or a bare
@@ -80,17 +73,16 @@ def _row_for(name_or_path: str | Path, model: str | None = None) -> released.Pre
     """
     if not isinstance(name_or_path, str) or Path(name_or_path).exists():
         return None
-    if model is not None and released.is_tag(f"{model}.{name_or_path}"):
-        return released.get_pretrained(f"{model}.{name_or_path}")
+    if model is not None and is_tag(f"{model}.{name_or_path}"):
+        return get_pretrained(f"{model}.{name_or_path}")
     if _is_known_name(name_or_path):
         resolved = resolve_name(name_or_path, pretrained=True)
         tag = resolved.tag or resolved.default_tag
         assert tag is not None, f"{name_or_path}: resolve_name(pretrained=True) gave no weights"
-        return released.get_pretrained(tag)
+        return get_pretrained(tag)
     if not _reads_as_name(name_or_path):
         return None
-    close = suggest(name_or_path)
-    hint = f"did you mean {', '.join(close)}?" if close else "see vitkit.list_models() and vitkit.list_pretrained()"
+    hint = name_hint(name_or_path, otherwise="see vitkit.list_models() and vitkit.list_pretrained()")
     raise UserFileNotFoundError(f"{name_or_path!r} is neither a file nor a model name; {hint}")
 
 
@@ -101,7 +93,9 @@ def resolve_checkpoint(name_or_path: str | Path) -> str | Path | Checkpoint:
     return name_or_path if row is None else _read_row(row)
 
 
-def create_model(name: str, pretrained: bool | str | Path | None = False, **overrides: Any) -> nn.Module:
+def create_model(
+    name: str, pretrained: bool | str | Path | None = False, *, token_merge: int = 0, **overrides: Any
+) -> nn.Module:
     """Build a model by name, with random (official) initialisation or with released weights.
 
     Args:
@@ -113,6 +107,8 @@ def create_model(name: str, pretrained: bool | str | Path | None = False, **over
             ImageNet-1k fine-tune, e.g. ``vit_b16.augreg_in21k_ft_in1k``); or a string: a weights name of this
             model (``"augreg_in21k_ft_in1k"``), a full tag, or a checkpoint path in any format
             ``load_pretrained`` reads.
+        token_merge: tokens merged in each block (token merging, ToMe): a speed patch applied to the built
+            model from outside (vitkit.accel.tome); 0 leaves the model as the paper's.
         **overrides: config fields to change (``num_classes=10``, ``img_size=384``, ``dropout=0.1``).
 
     Returns:
@@ -131,20 +127,7 @@ def create_model(name: str, pretrained: bool | str | Path | None = False, **over
         >>> batch = vitkit.preprocess(model, ["cat.jpg"])  # doctest: +SKIP
     """
     resolved = resolve_name(name, pretrained=pretrained is True)
-    weights: str | Path | None = None
-    if isinstance(pretrained, (str, Path)):
-        if resolved.tag is not None:
-            raise UserError(
-                f"{name!r} already names weights ({resolved.tag}); pass pretrained=True, not {pretrained!r}"
-            )
-        row = _row_for(pretrained, model=resolved.model)
-        if row is not None and row.model != resolved.model:
-            raise UserError(f"pretrained={pretrained!r} holds weights of {row.model}, not of {resolved.model}")
-        weights = row.tag if row is not None else pretrained
-    else:
-        tag = resolved.tag or (resolved.default_tag if pretrained else None)
-        row = None if tag is None else released.get_pretrained(tag)
-        weights = tag if pretrained else None
+    row, weights = _weights_of(name, resolved, pretrained)
     built = dict(row.config) if row is not None else {}
     if resolved.img_size is not None and resolved.tag is None:  # an alias of an architecture: its resolution
         built["img_size"] = resolved.img_size
@@ -152,20 +135,44 @@ def create_model(name: str, pretrained: bool | str | Path | None = False, **over
     if weights is not None:
         report = load_pretrained(model, weights)
         _keep_preprocessing(model, report.metadata, str(weights))
+    _merge_tokens(model, token_merge)
     return model
+
+
+def _weights_of(
+    name: str, resolved: Resolved, pretrained: bool | str | Path | None
+) -> tuple[PretrainedRow | None, str | Path | None]:
+    """(the row of the weights create_model loads, what to load: a tag or a path), each None when there is none."""
+    if not isinstance(pretrained, (str, Path)):
+        tag = resolved.tag or (resolved.default_tag if pretrained else None)
+        return (None if tag is None else get_pretrained(tag)), (tag if pretrained else None)
+    if resolved.tag is not None:
+        raise UserError(f"{name!r} already names weights ({resolved.tag}); pass pretrained=True, not {pretrained!r}")
+    row = _row_for(pretrained, model=resolved.model)
+    if row is not None and row.model != resolved.model:
+        raise UserError(f"pretrained={pretrained!r} holds weights of {row.model}, not of {resolved.model}")
+    return row, (row.tag if row is not None else pretrained)
+
+
+def _merge_tokens(model: nn.Module, token_merge: int) -> None:
+    """Token merging on a built model, ``token_merge`` tokens a block: a speed patch that acts from outside the
+    model (vitkit.accel.tome, loaded only when asked for); 0 leaves the model as it is."""
+    if not token_merge:
+        return
+    if not isinstance(model, VisionTransformer):
+        raise UserError(f"token_merge={token_merge}: merging needs a VisionTransformer, not {type(model).__name__}")
+    from .accel.tome import apply_token_merging
+
+    apply_token_merging(model, token_merge)
 
 
 def _keep_preprocessing(model: nn.Module, metadata: Mapping[str, Any], source: str) -> None:
     """Keep the loaded weights' preprocessing record on the model this module has just built (its own object:
     nothing another module holds is changed). Class names that do not fit the model's head are left out."""
-    prep = preprocessing_for(model, metadata, source=source, square=False)
-    if prep.class_names is not None and len(prep.class_names) != _num_classes(model):
+    prep = read_preprocessing(metadata, config_of(model).to_dict(), source)
+    if prep.class_names is not None and len(prep.class_names) != config_of(model).num_classes:
         prep = replace(prep, class_names=None)
     setattr(model, PREPROCESSING_ATTR, prep)
-
-
-def _num_classes(model: nn.Module) -> int:
-    return int(config_of(model).num_classes)
 
 
 def read_checkpoint(name_or_path: str | Path) -> Checkpoint:
@@ -180,10 +187,10 @@ def read_checkpoint(name_or_path: str | Path) -> Checkpoint:
 _UNSTATED = ("num_heads", "gelu", "ln_eps")
 
 
-def _read_row(row: released.PretrainedRow) -> Checkpoint:
+def _read_row(row: PretrainedRow) -> Checkpoint:
     """The one place a pretrained row's settings meet its file: the config fields the file leaves unsaid (no
     longer guessed), and the row's preprocessing, classes and provenance over the file's own metadata."""
-    ckpt = released.read_pretrained(row)  # the row's file, checked against the row
+    ckpt = read_pretrained(row)  # the row's file, checked against the row
     stated = {k: v for k, v in row.config.items() if k in _UNSTATED}
     ckpt.config.update(stated)
     ckpt.guessed = {k: v for k, v in ckpt.guessed.items() if k not in row.config}
@@ -256,6 +263,7 @@ def load_model(
     return_metadata: bool = False,
     format: str | None = None,
     return_report: bool = False,
+    token_merge: int | None = None,
     **overrides: Any,
 ) -> (
     nn.Module
@@ -275,13 +283,15 @@ def load_model(
             (class names, preprocessing, source, licence) over what the file says of itself.
         format: the checkpoint format, when it cannot be told from the file.
         return_report: also return the LoadReport (what was resampled, reset or dropped).
+        token_merge: tokens merged in each block (token merging, as ``create_model``'s); None: what the file
+            says (a config an older vitkit saved with token merging), else none.
         **overrides: config fields to change (``img_size=384``, ``num_classes=10``); ``drop`` and ``tower``
             pass through to vitkit.checkpoint.loader.read_model.
 
     Returns:
         The model, then the metadata with return_metadata, then the LoadReport with return_report (a tuple when
-        either is asked for). The configuration comes from the file (and the table), loading is strict; the
-        model carries the weights' preprocessing record as ``model.preprocessing``.
+        either is asked for). The config comes from the file (and the table), loading is strict; the model
+        carries the weights' preprocessing record as ``model.preprocessing``.
 
     Raises:
         UserError: an unknown name (with the closest names), weights the table does not hold, or a checkpoint
@@ -291,13 +301,13 @@ def load_model(
     source = _read_row(row) if row is not None else name_or_path
     model, report = loader.read_model(source, format=format, **overrides)
     metadata = report.metadata
-    if row is not None:
-        if len(metadata.get("class_names") or ()) != config_of(model).num_classes:
-            metadata.pop("class_names", None)  # another head was asked for: the released names do not apply
-        if "img_size" in overrides:
-            metadata["img_size"] = overrides["img_size"]
+    if row is not None and len(metadata.get("class_names") or ()) != config_of(model).num_classes:
+        metadata.pop("class_names", None)  # another head was asked for: the released names do not apply
+    if row is not None and "img_size" in overrides:
+        metadata["img_size"] = overrides["img_size"]
     label = row.tag if row is not None else getattr(name_or_path, "path", name_or_path)
     _keep_preprocessing(model, metadata, str(label))
+    _merge_tokens(model, report.token_merge if token_merge is None else token_merge)
     if return_metadata and return_report:
         return model, metadata, report
     if return_metadata:
@@ -325,7 +335,7 @@ def preprocessing_of(source: nn.Module | str | Path | Checkpoint | Preprocessing
         return source
     if isinstance(source, nn.Module):
         kept = getattr(source, PREPROCESSING_ATTR, None)
-        return kept if isinstance(kept, Preprocessing) else preprocessing_for(source, square=False)
+        return kept if isinstance(kept, Preprocessing) else read_preprocessing(None, config_of(source).to_dict())
     if isinstance(source, Checkpoint):
         return source.preprocessing
     row = _row_for(source)

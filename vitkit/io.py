@@ -1,29 +1,17 @@
 """Files that are never half-written, shared or written through a link: atomic writes and a one-process lock.
 
-``atomic_write`` (a temp file in the same directory, fsync, rename) is used by every writer of the package
-(checkpoints, run records, figures, reports), so an interrupted write leaves the previous file (or none) under
-the final name, never a truncated one. ``DirectoryLock`` keeps a run directory to one live process.
-
-Symbolic links: nothing here writes through a link it did not make. The lock and appended records are opened
-with O_NOFOLLOW; an atomic write renames onto its final name, which replaces a link found there by the new file
-(the link's target is never opened), so a link planted under a run's file name never gets its target
-overwritten. Links to directories are honoured (runs kept on another disk through a linked folder are a setup,
-not an attack); the file written inside is still never a link.
+``atomic_write`` (a temp file in the same directory, fsync, rename) is used by every writer of the package, so an
+interrupted write leaves the previous file (or none) under the final name, never a truncated one.
+``DirectoryLock`` keeps a run directory to one live process. Nothing here writes through a link it did not make
+(O_NOFOLLOW; a rename replaces a link planted under the final name), while links to directories are honoured.
 
 When the system refuses a write (full disk, quota, read-only mount, permissions, file-size limit, I/O error)
-the error is one line naming the final file and the reason, nothing is replaced, and what the write made (its
-temp file, directories it created) is removed. How a refusal is recognised, whatever the writing library says:
-
-1. an OSError whose errno is one of ``REFUSED`` (or ``BAD_PATH``), found in the exception or along its
-   ``__cause__`` / ``__context__`` chain;
-2. otherwise, for libraries that wrap the OS error in their own type (safetensors' Rust writer says
-   "... (os error 28)"; other versions printed "Os { code: 28, ... }"), an errno read from the message counts only
-   when the target filesystem confirms it: ENOSPC / EDQUOT when ``statvfs`` shows no free blocks (or no free
-   inodes), or fewer free bytes than the write attempted (``size=``, or the bytes in the temp file); EROFS
-   when the filesystem is mounted read-only; EACCES / EPERM when the directory is not writable; EFBIG when
-   the attempt exceeds the process's file-size limit. EIO is never taken from a message alone.
-
-Anything else keeps its traceback: it is a bug, not the user's to fix.
+the error is one line naming the final file and the reason, nothing is replaced, and what the write made is
+removed. A refusal is an OSError whose errno is one of ``REFUSED`` (or ``BAD_PATH``), in the exception or along
+its cause / context chain; or, for libraries that wrap it in their own type (safetensors' "os error 28"), an
+errno read from the message that the target filesystem confirms (``_confirmed``: no free space, read-only,
+not writable, over the file-size limit; EIO never from a message alone). Anything else keeps its traceback:
+it is a bug, not the user's to fix.
 """
 
 from __future__ import annotations

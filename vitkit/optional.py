@@ -48,8 +48,8 @@ def install_hint(module: str) -> str:
 def require(module: str, purpose: str) -> ModuleType:
     """Import an optional module, or raise MissingDependencyError naming ``purpose`` and the pip line.
 
-    ``purpose`` says what needs it, as the user asked for it: "ONNX export", "--compare hf" (after the
-    command line's "vitkit bench: error: "), "run.tensorboard=true".
+    ``purpose`` says what needs it, as the user asked for it: "ONNX export", "--compare hf" (after the benchmark
+    script's "bench_vit.py: error: "), "run.tensorboard=true".
     """
     hint = install_hint(module)  # an unknown module is a bug here, found before any import is tried
     try:

@@ -9,24 +9,19 @@ others are still classified.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from PIL import Image
 from torch import nn
 
 from .config_of import config_of
-from .data import eval_transform, load_image
+from .data import image_transform, load_image
 from .errors import UserError, UserFileNotFoundError
-from .preprocessing import Preprocessing, for_config
-
-
-def image_transform(prep: Preprocessing) -> Callable[[Image.Image], torch.Tensor]:
-    """PIL image -> normalised float tensor (in_chans, img_size, img_size), as the record says."""
-    return eval_transform(prep.square_size(), prep.mean, prep.std, prep.crop_fraction, prep.in_chans)
+from .hub import load_model
+from .preprocessing import Preprocessing, read_preprocessing
 
 
 @dataclass
@@ -44,30 +39,14 @@ class Prediction:
         return {"file": self.file, "predictions": preds}
 
 
-# --------------------------------------------------------------------------------------------- metadata
-def preprocessing_for(
-    model: nn.Module,
-    metadata: Mapping[str, Any] | None = None,
-    source: str = "checkpoint metadata",
-    square: bool = True,
-) -> Preprocessing:
-    """The evaluation preprocessing of a model: its metadata's record, else [-1, 1] pixels at its own size.
-
-    With ``square`` another input shape is a UserError (vitkit's image transform makes squares); exporters,
-    which only describe the input, pass False."""
-    prep = for_config(metadata or {}, config_of(model).to_dict(), source)
-    if square:
-        prep.square_size(source)
-    return prep
-
-
 def load_for_inference(path: str | Path, **overrides: Any) -> tuple[nn.Module, Preprocessing, dict[str, Any]]:
     """(model in eval mode, its preprocessing, its metadata) from a checkpoint in any supported format or a
-    pretrained tag (``vit_b16.augreg_in21k_ft_in1k``: downloaded on first use, preprocessed as its table row says)."""
-    from .hub import load_model
-
+    pretrained tag (``vit_b16.augreg_in21k_ft_in1k``: downloaded on first use, preprocessed as its table row says).
+    A model whose input is not square is a UserError (vitkit's image transform makes squares)."""
     model, metadata = load_model(path, return_metadata=True, **overrides)
-    return model.eval(), preprocessing_for(model, metadata, source=str(path)), metadata or {}
+    prep = read_preprocessing(metadata, config_of(model).to_dict(), source=str(path))
+    prep.square_size(str(path))
+    return model.eval(), prep, metadata or {}
 
 
 def read_labels(path: str | Path) -> list[str]:

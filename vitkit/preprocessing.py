@@ -1,21 +1,16 @@
-"""What a checkpoint expects as input and what its outputs are called: one record, ``Preprocessing``.
+"""What a checkpoint expects as input and what its outputs are called: one record, ``Preprocessing``, and one
+function that reads it, ``read_preprocessing(metadata, model_config)``.
 
-Every checkpoint has one, written once by whoever creates it and read through ``from_metadata`` by every
-command (predict, eval, few-shot, inspect, fine-tune) and exporter:
-  vitkit checkpoints  the flat keys of ``to_dict()`` in config.json's metadata (a training run writes its
-                      DatasetInfo there, whose fields are these)
-  the pretrained table  ``PretrainedRow.preprocessing()`` (vitkit.pretrained)
-  Hugging Face        preprocessor_config.json (``from_hf_processor`` / ``to_hf_processor``) and id2label
-  timm                config.json's pretrained_cfg and label_names (``from_timm_config`` / ``to_timm_pretrained_cfg``)
-  official .npz       nothing: vit_jax and big_vision evaluate at the model's resolution with pixels in [-1, 1]
-                      (mean = std = 0.5), the whole image resized (crop fraction 1), bilinear; the defaults here
-  ONNX                the model's metadata_props (``to_onnx_metadata`` / ``from_onnx_metadata``)
-A file's reader turns its format's spelling into these names (``stated`` fields only); what no one states is
-the default above, at the model's own resolution.
+Every command (predict, eval, few-shot, inspect, fine-tune) and exporter goes through that function, so a record
+is written once by whoever creates the checkpoint and read the same way everywhere. Each format spells it its own
+way and its reader turns the spelling into these names (``stated`` fields only): vitkit's config.json metadata
+(``to_dict``), the pretrained table (``PretrainedRow.preprocessing``), Hugging Face's preprocessor_config.json
+(``from_hf_processor``), timm's pretrained_cfg (``from_timm_config``), ONNX metadata_props (``from_onnx_metadata``).
+What no one states is the official code's: the whole image resized bilinearly to the model's own resolution,
+pixels in [-1, 1] (mean = std = 0.5), as vit_jax and big_vision evaluate.
 
 mean / std are per channel in [0, 1] pixel units. ``crop_fraction`` 1 resizes the whole image to the square
 input; below 1 the short side is resized to ``img_size / crop_fraction`` and the centre cropped.
-``interpolation`` records how the source resized; vitkit's evaluation transform resizes bilinearly.
 """
 
 from __future__ import annotations
@@ -49,7 +44,7 @@ class Preprocessing:
     std: list[float] = field(default_factory=lambda: [HALF] * 3)
     in_chans: int = 3
     crop_fraction: float = 1.0
-    interpolation: str = "bilinear"
+    interpolation: str = "bilinear"  # how the source resized; vitkit's evaluation transform resizes bilinearly
     class_names: list[str] | None = None
 
     def __post_init__(self) -> None:
@@ -99,7 +94,7 @@ class Preprocessing:
             raise UserError(f"{source}: unknown preprocessing keys {unknown}; expected some of {sorted(known)}")
         if "img_size" not in doc:
             raise UserError(f"{source}: no img_size")
-        return from_metadata(dict(doc), source=source)
+        return read_preprocessing(doc, source=source)
 
     def to_display(self, x: torch.Tensor) -> torch.Tensor:
         """Undo the normalisation of one input (C, H, W) -> (H, W, C) pixels in [0, 1], for figures."""
@@ -217,26 +212,26 @@ def _size(size: Any, source: str) -> int | tuple[int, int]:
     return int(size)
 
 
-def from_metadata(
-    metadata: Mapping[str, Any],
-    img_size: int | Sequence[int] | None = None,
-    in_chans: int | None = None,
-    fixed_size: bool = False,
+def read_preprocessing(
+    metadata: Mapping[str, Any] | None,
+    model_config: Mapping[str, Any] | None = None,
     source: str = "checkpoint metadata",
 ) -> Preprocessing:
-    """The record of a checkpoint: what its metadata states (see ``stated``), the defaults for the rest.
+    """The record of weights: what their metadata states (see ``stated``), the defaults for the rest.
 
-    ``img_size`` / ``in_chans`` are the model's: its size is the default, and with ``fixed_size`` (a ViT
-    without dynamic image size, which takes exactly its own resolution, perhaps re-sized after training) it
-    wins over the metadata's; a channel count that contradicts the model's is an error naming ``source``.
+    ``model_config`` is the config of the model the weights are for (a dict, as ``config.to_dict()`` or a
+    Checkpoint's): its image size is the default, and a ViT without dynamic image size, which takes exactly its
+    own resolution (perhaps re-sized after training), keeps its size over the metadata's; a channel count that
+    contradicts the model's is an error naming ``source``. Without one, the metadata must state img_size.
     """
-    info = stated(metadata)
-    model_size = None if img_size is None else _size(img_size, source)
+    info, config = stated(metadata or {}), model_config or {}
+    model_size = None if config.get("img_size") is None else _size(config["img_size"], source)
     size = info.get("img_size", model_size)
-    if fixed_size and model_size is not None:
+    if model_size is not None and config.get("arch", "vit") == "vit" and not config.get("dynamic_img_size", False):
         size = model_size
     if size is None:
         raise UserError(f"{source}: no img_size, and no model to take it from")
+    in_chans = config.get("in_chans")
     chans = int(info.get("in_chans", in_chans if in_chans is not None else 3))
     if in_chans is not None and chans != in_chans:
         raise UserError(f"{source}: in_chans={chans} but the model takes {in_chans} channels")
@@ -250,16 +245,6 @@ def from_metadata(
         interpolation=str(info.get("interpolation", "bilinear")),
         class_names=[str(n) for n in names] if names else None,
     )
-
-
-def for_config(
-    metadata: Mapping[str, Any], config: Mapping[str, Any], source: str = "checkpoint metadata"
-) -> Preprocessing:
-    """The record of a checkpoint whose model config (a dict, as ``config.to_dict()`` or a Checkpoint's) is
-    ``config``: the one reader every command goes through. A ViT without dynamic image size takes exactly its own
-    resolution, so its size wins over the metadata's (it may have been re-sized after training)."""
-    fixed = config.get("arch", "vit") == "vit" and not config.get("dynamic_img_size", False)
-    return from_metadata(metadata, config.get("img_size"), config.get("in_chans"), fixed_size=fixed, source=source)
 
 
 def class_names_from_labels(labels: Any) -> list[str] | None:

@@ -28,7 +28,7 @@ from ..config_of import config_of
 from ..errors import UserError, UserFileNotFoundError
 from ..models.registry import model_from_config
 from ..models.vit import ViTConfig
-from ..preprocessing import Preprocessing, for_config
+from ..preprocessing import Preprocessing, read_preprocessing
 
 __all__ = [
     "CONFIG_NAME",
@@ -117,6 +117,9 @@ class Checkpoint:
     state: dict[str, torch.Tensor]
     metadata: dict[str, Any] = field(default_factory=dict)
     guessed: dict[str, str] = field(default_factory=dict)  # config field -> the guess, its reason, its override
+    # tokens merged a block, as an older vitkit saved token merging in its config: no longer a model field but a
+    # speed patch, which the caller applies (vitkit.hub.load_model); 0: none
+    token_merge: int = 0
 
     def grid(self) -> tuple[int, int] | None:
         """The token grid of the stored position embedding (None for non-ViT checkpoints)."""
@@ -128,7 +131,7 @@ class Checkpoint:
     @property
     def preprocessing(self) -> Preprocessing:
         """The one record of what the weights expect (size, mean / std, crop, channels, class names)."""
-        return for_config(self.metadata, self.config, source=str(self.path))
+        return read_preprocessing(self.metadata, self.config, source=str(self.path))
 
 
 def config_path(path: str | Path) -> Path:

@@ -1,20 +1,14 @@
 """Big Transfer (BiT) ResNet-v2 checkpoints -> vitkit: the released .npz files and timm's resnetv2_*_bit state dicts.
 
-The released files (google-research/big_transfer: BiT-M-R50x1.npz, BiT-S-R101x3.npz, ...) hold flat TF names
-under 'resnet/', read by bit_pytorch/models.py ``ResNetV2.load_from`` and ``PreActBottleneck.load_from``:
+The released files (google-research/big_transfer: BiT-M-R50x1.npz, ...) hold flat TF names under 'resnet/', as
+bit_pytorch/models.py ``ResNetV2.load_from`` reads them: root_block/standardized_conv2d/kernel (HWIO, stored
+unstandardised), block{s}/unit{uu}/{a,b,c}/{group_norm,standardized_conv2d}/..., the projection shortcut under
+unit01/a/proj, the pre-head group_norm and a 1x1 conv head (K = 21843 for BiT-M, 1000 for BiT-S). Stages and
+units count from 1 there, from 0 in vitkit (and timm).
 
-  root_block/standardized_conv2d/kernel                  (7, 7, Cin, 64w)        HWIO, stored unstandardised
-  block{s}/unit{uu}/{a,b,c}/group_norm/{gamma,beta}      (C,)                    the GN before conv a, b, c
-  block{s}/unit{uu}/{a,b,c}/standardized_conv2d/kernel   (1,1,C,m) (3,3,m,m) (1,1,m,4m)
-  block{s}/unit01/a/proj/standardized_conv2d/kernel      (1, 1, C, 4m)           projection shortcut
-  group_norm/{gamma,beta}                                (2048w,)                the pre-head GN
-  head/conv2d/kernel (1, 1, 2048w, K), head/conv2d/bias (K,)   K = 21843 for BiT-M, 1000 for BiT-S
-
-Stages s and units uu count from 1 (unit01); vitkit's (timm's) count from 0. timm's state dicts
-(``resnetv2_50x1_bit``: stem.conv, stages.N.blocks.M.{norm1,conv1,norm2,conv2,norm3,conv3,downsample.conv}, norm,
-head.fc) already carry vitkit's names but for the head, a 1x1 conv (K, C, 1, 1) there and a Linear (K, C) here.
-Each reader returns the vitkit-named state dict and the BiTConfig fields its names and shapes imply; keys it has
-no name for pass through unchanged, for the strict load to report.
+timm's state dicts (``resnetv2_50x1_bit``) already carry vitkit's names but for the head, a 1x1 conv (K, C, 1, 1)
+there and a Linear (K, C) here. Each reader returns the vitkit-named state dict and the BiTConfig fields its names
+and shapes imply; keys it has no name for pass through unchanged, for the strict load to report.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ import torch
 
 from ..errors import UserError
 from .base import Checkpoint, read_npz
-from .official import flax_to_torch
+from .flax_layouts import flax_to_torch
 
 FORMAT = "big_transfer"
 PREFIX = "resnet/"

@@ -24,7 +24,7 @@ from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
 from ..models import ViTConfig
 from ..optional import require
-from ..preprocessing import Preprocessing, class_names_from_labels, for_config, from_hf_processor
+from ..preprocessing import Preprocessing, class_names_from_labels, from_hf_processor, read_preprocessing
 from .base import Checkpoint, config_path, model_state, read_config_and_weights, read_config_json
 
 if TYPE_CHECKING:  # transformers is a development / benchmark dependency, imported only when used
@@ -205,11 +205,6 @@ def _check_exportable(model: nn.Module) -> ViTConfig:
             "Hugging Face ViT has learned 1-D position embeddings added at the input only, not "
             f"pos_embed={cfg.pos_embed!r}, pos_embed_where={cfg.pos_embed_where!r}"
         )
-    if cfg.token_merge:
-        raise UserError(
-            f"Hugging Face ViT does not merge tokens, not token_merge={cfg.token_merge}: export the model built "
-            "with token_merge=0 (the same weights)"
-        )
     return cfg
 
 
@@ -325,7 +320,7 @@ def save_hf(
 
     directory = Path(directory)
     cfg = _check_exportable(model)
-    prep = preprocessing or for_config({}, cfg.to_dict(), source="the model")
+    prep = preprocessing or read_preprocessing({}, cfg.to_dict(), source="the model")
     names = class_names or prep.class_names
     id2label = dict(enumerate(names)) if names and len(names) == cfg.num_classes else None
     hf_config, state = vitkit_to_hf(model, id2label)

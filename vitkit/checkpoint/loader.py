@@ -1,32 +1,17 @@
 """Reading every checkpoint format: ``read_into(model, path)`` and ``read_model(path)``, under the public names
 vitkit.load_pretrained and vitkit.load_model (vitkit.hub, which adds pretrained tags).
 
-Formats are told apart by what is on disk, each format module saying whether a path is its own (``detect``)
-and reading it (``read``), asked in the order of READERS:
-  official  *.npz of flat '/'-joined Flax names (vit_jax, big_vision)
-  big_transfer  *.npz of BiT ResNet-v2 arrays named resnet/... (google-research/big_transfer releases)
-  hf        a directory (or a file inside one) whose config.json has model_type 'vit'
-  vitkit    a directory (or its model.safetensors) whose config.json has format 'vitkit'
-  timm      a directory whose config.json is timm's hub config (an "architecture", no model_type), or
-            any other .pth / .pt / .bin / .ckpt / .safetensors file (with such a config.json beside it or not)
-Each is read into a ``Checkpoint``: a vitkit-named state dict, the config inferred from the file, the grid
-of its position embedding, what the file left to guess and, for vitkit files, their metadata. Loading then
-adapts it to the target model the way the official fine-tuning code does: position embeddings are resampled
-to the model's token grid, a head for another class count (or one after a pre-logits layer the model does
-not have) is left fresh (zero), and they are reported. Anything else that does not fit is an error that
-lists it: a key with another shape, weights the model has no place for, parameters the file does not fill.
-Loading is never quietly partial, nor quietly guessed: what a file does not say (a bare timm state dict's
-head count and GELU) and the caller does not pass is listed in the report and warned about, since a wrong
-guess fits every shape and computes another function.
+Formats are told apart by what is on disk, each format module saying whether a path is its own (``detect``) and
+reading it (``read``) into a ``Checkpoint``, asked in the order of READERS: big_transfer and official (.npz),
+vitkit and hf (a config.json that says what it is), then timm (its hub config.json, or any bare weights file).
 
-Keys under a prefix the caller names (``drop=("mpp.",)``) or the file's own metadata lists as not part of
-the model (``"drop_on_load"``: a masked-patch-prediction run saves its pretraining head so) are not loaded and
-are reported under ``dropped``; everything else is held to the strict rule above.
-
-Metadata (e.g. class names saved with ``save_pretrained(model, dir, metadata=...)``; for HF directories
-``{"class_names": [...]}`` from a non-placeholder id2label) is the report's ``metadata`` and is returned by
-``read_model(..., return_metadata=True)``; ``Checkpoint.preprocessing`` is the one record of what the weights
-expect (vitkit.preprocessing).
+Loading adapts the file to the target model the way the official fine-tuning code does: position embeddings
+are resampled to the model's token grid, and a head for another class count (or one after a pre-logits layer
+the model does not have) is left fresh; both are reported. Anything else that does not fit is an error listing
+it. Loading is never quietly partial, nor quietly guessed: what a file does not say (a bare timm state dict's
+head count and GELU) and the caller does not pass is listed in the report and warned about, since a wrong guess
+fits every shape and computes another function. Keys under a prefix the caller names (``drop``) or the file's
+metadata lists (``"drop_on_load"``) are left out and reported as ``dropped``.
 """
 
 from __future__ import annotations
@@ -47,7 +32,7 @@ from ..io import atomic_write
 from ..models import VisionTransformer
 from ..models.posemb import resample_pos_embed, resample_relative
 from ..models.registry import config_class, model_from_config
-from ..preprocessing import for_config
+from ..preprocessing import read_preprocessing
 from . import big_transfer, hf, native, official, timm
 from .base import Checkpoint, read_npz
 
@@ -75,6 +60,7 @@ class LoadReport:
     metadata: dict[str, Any] = field(default_factory=dict)  # what the checkpoint says about itself (class names...)
     guessed: dict[str, str] = field(default_factory=dict)  # config fields the file does not say and vitkit guessed
     from_caller: dict[str, str] = field(default_factory=dict)  # config fields the file does not say and the caller did
+    token_merge: int = 0  # token merging the file's config asks for (Checkpoint.token_merge), for the caller to apply
 
     @property
     def ok(self) -> bool:
@@ -220,7 +206,9 @@ def _load(
         # the bit_r* rows were the post-activation ResNet ('resnet') before they became BiT ResNet-v2 ('bit')
         hint = "; 'resnet' is hybrid_resnet_r*, 'bit' is bit_r*" if {arch, stored} == {"resnet", "bit"} else ""
         raise UserError(f"{ckpt.path}: holds a {stored!r} model, the target is {arch!r}{hint}")
-    report = LoadReport(str(ckpt.path), ckpt.format, metadata=dict(ckpt.metadata), guessed=dict(guessed))
+    report = LoadReport(
+        str(ckpt.path), ckpt.format, metadata=dict(ckpt.metadata), guessed=dict(guessed), token_merge=ckpt.token_merge
+    )
     for name in ckpt.guessed:
         if name not in guessed:
             report.from_caller[name] = f"{name}: {getattr(model.config, name)} (the caller's; the file does not say)"
@@ -345,7 +333,7 @@ def convert(
         official.check_exportable(model)
     metadata = report.metadata
     source = str(src.path if isinstance(src, Checkpoint) else src)
-    prep = for_config(metadata, config_of(model).to_dict(), source)  # the record, at the model's own size
+    prep = read_preprocessing(metadata, config_of(model).to_dict(), source)  # the record, at the model's own size
     if to == "vitkit":
         return native.save_pretrained(model, dst, metadata={**metadata, **prep.to_dict()})
     if to == "hf":

@@ -36,6 +36,8 @@ def save_pretrained(
     beside the model's (their keys must not be the model's; list their prefix in metadata["drop_on_load"])."""
     directory = Path(directory)
     config = config_of(model).to_dict()
+    if getattr(model, "token_merge", 0):  # a token-merging patch (vitkit.accel.tome): load_model applies it again
+        config["token_merge"] = model.token_merge
     state = {k: v.detach().contiguous().cpu() for k, v in model_state(model, "save_pretrained").items()}
     clash = sorted(set(state) & set(extra or {}))
     if clash:
@@ -65,16 +67,24 @@ def detect(path: str | Path) -> bool:
 
 def read_native(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]]:
     """(model config dict, state dict, metadata) from a vitkit directory (or its model.safetensors)."""
+    ckpt = read(Path(path))
+    return ckpt.config, ckpt.state, ckpt.metadata
+
+
+def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
+    """A vitkit checkpoint: its stored config and metadata (the preprocessing record among it) as written.
+
+    A model saved with token merging (``token_merge``, a speed patch applied from outside; an older vitkit's config
+    field) keeps it beside the config: the key leaves the config and, when not 0, is the Checkpoint's ``token_merge``.
+    """
     doc, cfg_path, state = read_config_and_weights(path, (WEIGHTS_NAME,), "vitkit")
     if doc.get("format") != FORMAT or not isinstance(doc.get("model"), dict):
         raise UserError(f"{cfg_path}: expected a vitkit config with keys 'format': 'vitkit' and 'model': {{...}}")
     metadata = doc.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise UserError(f"{cfg_path}: 'metadata' must be a JSON object, found {type(metadata).__name__}")
-    return doc["model"], state, metadata
-
-
-def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
-    """A vitkit checkpoint: its stored config and metadata (the preprocessing record among it) as written."""
-    config, state, metadata = read_native(path)
-    return Checkpoint(path, FORMAT, config, state, metadata)
+    config = dict(doc["model"])
+    token_merge = config.pop("token_merge", None) or 0
+    if not isinstance(token_merge, int) or token_merge < 0:
+        raise UserError(f"{cfg_path}: model.token_merge={token_merge!r}; expected tokens per block, >= 0")
+    return Checkpoint(path, FORMAT, config, state, metadata, token_merge=token_merge)

@@ -1,23 +1,17 @@
 """timm VisionTransformer state dicts <-> vitkit.
 
-vitkit's parameter names are timm's (cls_token, pos_embed, patch_embed.proj, blocks.i.{norm1, attn.qkv,
-attn.proj, norm2, mlp.fc1, mlp.fc2}, norm, head; hybrids under patch_embed.backbone.* as timm's ResNetV2), so
-conversion is mostly unwrapping: a 'state_dict' / 'model' wrapper, a 'module.' prefix (DataParallel / DDP),
-and the pre-logits layer that older timm called pre_logits.fc.
+vitkit's parameter names are timm's (cls_token, pos_embed, patch_embed.proj, blocks.i.*, norm, head; hybrids
+under patch_embed.backbone.* as timm's ResNetV2), so conversion is mostly unwrapping: a 'state_dict' / 'model'
+wrapper, a 'module.' prefix (DataParallel / DDP), and older timm's pre_logits.fc.
 
-A bare timm state dict carries no config. Shapes give width, depth, patch, grid, MLP width, classes and the
-hybrid stages; the head count is not in the weights and is guessed from the registry's row with that width,
-and the GELU is guessed exact (erf), timm's default; pass gelu="tanh" for weights converted from the official
-code. Both guesses are reported and warned about (see infer.py), since a wrong one builds another function.
-
-timm's hub layout (``save_for_hf`` / ``push_to_hf_hub``) puts a config.json beside the weights: the
-architecture's name, the constructor's ``model_args``, num_classes, global_pool and a ``pretrained_cfg`` of
-preprocessing. vitkit writes that file with every timm file it writes (``save_timm``) and reads it when it is
-there, so heads, GELU, LayerNorm eps and image size come from the file, not from a guess. A config.json that
-contradicts the weights, or asks for something vitkit does not compute, is refused rather than half-followed.
-
-timm's own GAP models normalise after pooling (fc_norm); vitkit, like the official code, normalises the
-tokens before pooling. Those two are different functions, so a file with fc_norm weights is refused.
+A bare timm state dict carries no config: shapes give the rest, but the head count is guessed from the registry
+row with that width and the GELU is guessed exact (timm's default; gelu="tanh" for weights from the official
+code). Both guesses are reported and warned about (config_from_weights.py): a wrong one builds another function.
+timm's hub layout puts a config.json beside the weights (architecture, ``model_args``, ``pretrained_cfg``);
+vitkit writes it with every timm file (``save_timm``) and reads it when it is there, so the config comes from
+the file, not a guess. A config.json that contradicts the weights, or asks for something vitkit does not
+compute, is refused rather than half-followed, as is a file with fc_norm weights (timm's GAP normalises after
+pooling; vitkit, like the official code, before).
 """
 
 from __future__ import annotations
@@ -34,10 +28,10 @@ from ..config_of import pair, vit_config_of
 from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
 from ..models import ViTConfig
-from ..preprocessing import Preprocessing, for_config, from_timm_config
+from ..preprocessing import Preprocessing, from_timm_config, read_preprocessing
 from . import big_transfer
 from .base import Checkpoint, config_path, load_tensor_file, model_state, read_config_json, weights_path
-from .infer import infer_vit_config_with_guesses
+from .config_from_weights import infer_vit_config_with_guesses
 
 FORMAT = "timm"
 SUFFIXES = (".pth", ".pt", ".bin", ".safetensors", ".ckpt")
@@ -161,9 +155,9 @@ def infer_timm_config(
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """(ViTConfig fields, what was guessed) for a (vitkit-named) timm state dict and its hub config.json.
 
-    Without a config.json the head count and GELU are guessed (see infer.py). With one, its architecture and
-    model_args say them; what they do not say is still guessed, and a config that contradicts the weights is
-    an error naming ``source`` (the config.json).
+    Without a config.json the head count and GELU are guessed (see config_from_weights.py). With one, its
+    architecture and model_args say them; what they do not say is still guessed, and a config that contradicts
+    the weights is an error naming ``source`` (the config.json).
     """
     if hub is None:
         return infer_vit_config_with_guesses(state, "timm checkpoint")
@@ -274,11 +268,6 @@ def check_exportable(model: nn.Module) -> ViTConfig:
             f"timm export: classifier={cfg.classifier!r}; timm's ViT as vitkit writes it pools the class token "
             "('token') or the mean of the normalised patch tokens ('gap') only"
         )
-    if cfg.token_merge:
-        raise UserError(
-            f"timm export: token_merge={cfg.token_merge}; timm's ViT does not merge tokens (the same weights "
-            "export with token_merge=0)"
-        )
     return cfg
 
 
@@ -328,7 +317,7 @@ def hub_config(model: nn.Module, preprocessing: Preprocessing | None = None) -> 
         args["norm_eps"] = cfg.ln_eps
     if cfg.dynamic_img_size:
         args["dynamic_img_size"] = True
-    prep = preprocessing or for_config({}, cfg.to_dict(), source="the model")
+    prep = preprocessing or read_preprocessing({}, cfg.to_dict(), source="the model")
     if prep.class_names and len(prep.class_names) != cfg.num_classes:
         prep = prep.with_classes(None)  # names of another head
     pretrained: dict[str, Any] = dict(

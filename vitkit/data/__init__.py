@@ -24,7 +24,14 @@ from .datasets import (
     scan_image_folder,
     stratified_split,
 )
-from .transforms import augment_images, eval_transform, load_image, sample_crop_boxes, train_transform
+from .transforms import (
+    augment_images,
+    eval_transform,
+    image_transform,
+    load_image,
+    sample_crop_boxes,
+    train_transform,
+)
 from .wds import WebDatasetStream
 
 __all__ = [
@@ -40,6 +47,7 @@ __all__ = [
     "augment_images",
     "build_datasets",
     "eval_transform",
+    "image_transform",
     "load_image",
     "sample_crop_boxes",
     "scan_image_folder",

@@ -1,19 +1,14 @@
 """Batch augmentation on the training device, after decoding: RandAugment, then mixup / cutmix.
 
 ``build_augment(data_config, num_classes, mean, std, ...)`` builds the ``BatchAugment`` that maps a training
-micro-batch ``(x, y)`` (normalised images, integer labels) to the images and targets the loss sees.
-Each lever is off by default and independent:
+micro-batch ``(x, y)`` to the images and targets the loss sees. Each lever is off by default and independent:
 
-- RandAugment (``data.randaugment_ops``, ``data.randaugment_magnitude``): kornia's batched implementation, on
-  [0, 1] pixels (the batch is un-normalised, augmented and normalised again). kornia draws one sequence of
-  operations per call, so the batch is cut into up to ``RANDAUGMENT_GROUPS`` groups that each draw their own:
-  images of one batch see different operations, at the cost of a few calls instead of one per image.
-- mixup / cutmix (``data.mixup_alpha``, ``data.cutmix_alpha``, ``data.mixup_switch_prob``): one mixing
-  weight per batch drawn from Beta(alpha, alpha), each image mixed with its mirror in the batch (``x.flip(0)``),
-  as timm does. With both on, a batch uses cutmix with probability ``mixup_switch_prob``. The targets are
-  soft: the label-smoothed (``optim.label_smoothing``) one-hot vectors mixed in the proportion of the mixed
-  pixels (for cutmix the pasted box's area, after the box is clipped to the image), so they sum to 1 and match
-  what the image shows.
+- RandAugment (``data.randaugment_*``): kornia's batched implementation on [0, 1] pixels. kornia draws one
+  sequence of operations per call, so the batch is cut into up to ``RANDAUGMENT_GROUPS`` groups that each draw
+  their own: images of one batch see different operations.
+- mixup / cutmix (``data.mixup_alpha``, ``data.cutmix_alpha``, ``data.mixup_switch_prob``): one Beta(alpha,
+  alpha) weight per batch, each image mixed with its mirror in the batch, as timm does. The targets are the
+  label-smoothed one-hot vectors mixed in the proportion of the mixed pixels, so they match what the image shows.
 
 All randomness comes from torch's global RNG (kornia's too), which the engine seeds per (seed, step,
 micro-batch, rank) before the call: a resumed run draws exactly what an uninterrupted one did.

@@ -1,15 +1,7 @@
 """What to load and how to preprocess it: ``DataConfig`` (the user's choice) and ``DatasetInfo`` (the result).
 
-Fields left as ``None`` mean "the source's default" and are filled by ``DataConfig.resolve()``:
-
-    source      img_size  in_chans  train_augment    flip   shift_pixels
-    digits      16        1         shift            False  1
-    synthetic   32        3         none             False  0
-    folder      224       3         inception_crop   True   0
-    cifar10/100 224       3         inception_crop   True   0
-    shapes      32        3         none             False  0
-    hf, wds,    224       3         inception_crop   True   0
-    manifest
+Fields left as ``None`` mean "the source's default" (``SOURCE_DEFAULTS``: image size, channels, training
+augmentation, flip, shift per source) and are filled by ``DataConfig.resolve()``.
 
 ``--data`` spells the three file-backed sources with a prefix (``source_section``): ``hf:NAME[:CONFIG]`` (a
 Hugging Face dataset, a ``save_to_disk`` directory, parquet files or an imagefolder), ``wds:PATTERN``

@@ -1,20 +1,13 @@
-"""The embedded dataset: scikit-learn's handwritten digits (1,797 images, 8x8, values 0..16, 10 classes).
+"""The embedded dataset: scikit-learn's handwritten digits (8x8 images, values 0..16, 10 classes).
 
 The arrays ship as package data in ``digits.npz`` (licence: digits_LICENSE.txt), so training needs neither
-scikit-learn nor a download:
+scikit-learn nor a download: ``images`` uint8 (N, 8, 8), ``labels`` uint8 (N,), ``test_mask`` bool (N,), the fixed
+held-out split (stratified, 20%, made once with ``stratified_split(labels, 0.2, seed=0)`` and stored, so it stays
+the same whatever the torch version).
 
-    images     uint8 (1797, 8, 8)  values 0..16, 0 = background
-    labels     uint8 (1797,)       0..9
-    test_mask  bool  (1797,)       the fixed held-out split
-
-The split is stratified, 20% held out, made once with ``stratified_split(labels, 0.2, seed=0)``: 1,437 training
-and 360 test images with every digit in the same proportion in both. It is stored rather than recomputed, so it
-stays the same whatever the torch version.
-
-Preprocessing: 0..16 -> [0, 1] -> bilinear upsampling to ``img_size`` -> ``(x - mean) / std`` ([-1, 1] with the
-defaults); ``in_chans`` 3 repeats the gray channel. Everything is one small tensor in memory (1,797 x 16 x 16
-floats is 1.8 MB), served by ``TensorImageDataset`` with batch augmentation (random shifts, no flip: a
-mirrored digit is a different symbol).
+Preprocessing: 0..16 -> [0, 1] -> bilinear upsampling to ``img_size`` -> ``(x - mean) / std``; ``in_chans`` 3
+repeats the gray channel. It all fits one small tensor, served by ``TensorImageDataset`` with batch augmentation
+(random shifts, no flip: a mirrored digit is a different symbol).
 
 Regenerate the file (needs scikit-learn, a development dependency):
 ``python -c "from vitkit.data.digits import write_digits_npz; write_digits_npz()"``.

@@ -1,19 +1,14 @@
 """Hugging Face datasets through the ``datasets`` library: ``--data hf:WHERE`` (data.source=hf, data.root=WHERE).
 
-WHERE is, in the order tried:
+WHERE is, in the order tried: a ``save_to_disk`` directory (``load_from_disk``), parquet files (a file, glob or
+directory), an imagefolder (``imagefolder:DIR``, or a DIR with metadata.csv / metadata.jsonl), or a dataset
+name[:config] (``load_dataset``; from the ``datasets`` cache, so offline once downloaded).
 
-    a save_to_disk directory        (dataset_dict.json or state.json inside)   datasets.load_from_disk
-    parquet files                   FILE.parquet, a glob, or a directory of them  load_dataset("parquet")
-    an imagefolder                  imagefolder:DIR, or a DIR with metadata.csv / metadata.jsonl
-    a dataset name[:config]         cifar10, ylecun/mnist, food101:default       load_dataset(name, config)
-
-A named dataset comes from the ``datasets`` cache: once downloaded it loads offline (set HF_HUB_OFFLINE=1 on a
-machine without network). Splits: training on "train" (or the only split), evaluation on "validation", "valid",
-"val" or "test", in that order; with none of them, a stratified data.val_fraction of the training split is held
-out, by the rule the folder source uses (``stratified_split`` with data.split_seed). The image column is
-data.image_column or the first ``Image`` feature (else a column named image / img); the label column is
-data.label_column or the first ``ClassLabel`` feature (else label / labels). Class names are the ClassLabel's
-names; plain labels (ints or strings) become classes in sorted order.
+Splits: training on "train" (or the only split), evaluation on "validation", "valid", "val" or "test", in that
+order; with none, a stratified data.val_fraction of the training split is held out by the folder source's rule.
+The image column is data.image_column or the first ``Image`` feature (else image / img); the label column is
+data.label_column or the first ``ClassLabel`` feature (else label / labels). Class names are the ClassLabel's;
+plain labels become classes in sorted order.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from .datasets import stratified_split
 EVAL_NAMES = {"val": "val", "valid": "val", "validation": "val", "eval": "val", "test": "test"}
 
 
-def read_manifest(path: str | Path) -> list[dict[str, str]]:
+def read_image_manifest(path: str | Path) -> list[dict[str, str]]:
     """The rows of a CSV / JSON / JSON-lines manifest as dicts of strings, checked for path and label."""
     path = Path(path)
     if not path.is_file():
@@ -51,7 +51,7 @@ def read_manifest(path: str | Path) -> list[dict[str, str]]:
 def manifest_samples(path: str | Path) -> tuple[list[str], dict[str, list[tuple[Path, int]]]]:
     """(class names, {"train": [(file, label)], "val": [...], "test": [...]}) of a manifest; files checked."""
     path = Path(path)
-    rows = read_manifest(path)
+    rows = read_image_manifest(path)
     names = sorted({row["label"] for row in rows})
     index = {name: i for i, name in enumerate(names)}
     parts: dict[str, list[tuple[Path, int]]] = {"train": [], "val": [], "test": []}

@@ -1,29 +1,16 @@
 """Procedural shapes (``data.source=shapes``): a labelled image set of any size, drawn on the fly, stored nowhere.
 
-Image ``i`` of a split is a pure function of (``data.split_seed``, split, ``i``): its own numpy generator is seeded
-from those three numbers, so the same index always gives the same picture, in any process, and a set of 1,000
-images is the first 1,000 of the set of 1,000,000 (growing subsets are nested). The training set has
-``data.num_images`` images (split stream 0); the held-out set has ``data.eval_images`` images from stream 1, so the
-two never share a generator and a larger training set never eats into evaluation.
+Image ``i`` of a split is a pure function of (``data.split_seed``, split, ``i``), so the same index gives the same
+picture in any process and growing subsets are nested; training (stream 0, ``data.num_images``) and evaluation
+(stream 1, ``data.eval_images``) never share a generator. Each image (RGB, ``data.img_size`` pixels) holds a
+cluttered low-contrast texture, a few distractor strokes, the object (disc, square, triangle, cross or ring, at a
+random place, rotation, size and colour that stands out of the texture) and a marker in the object's colour
+above or below it.
 
-Every image (RGB, ``data.img_size`` pixels, 32 by default; geometry scales with the size) holds:
-
-- a cluttered background, one of: colour noise, stripes (random angle, period), a colour gradient plus noise, or
-  a checkerboard of random cell size, each a low-contrast texture within 0.3 of a random base colour;
-- 0-2 distractor strokes: thin line segments of random colours, lengths and angles;
-- the object: a disc, square, triangle, cross or ring, at a random position, rotation and size (radius 18-28% of
-  the image), solid or striped, in a random colour 0.3 to 0.7 away from the base in every channel (around the
-  colour circle), so that it stands out of the texture by its colour, whatever the colour is;
-- the marker: a small disc in the object's own colour, placed above or below the object (anywhere within a
-  120-degree cone), a few pixels clear of it.
-
-The class is (shape, where the marker is): 5 shapes x {above, below} = 10 classes, ``label = i % 10``, so every
-class has the same count in any prefix of 10k images. Recognising the shape is local work (edges and corners
-inside a patch or two); the marker bit is a relation between two objects several patches apart, so a model needs
-both. Colours, textures and clutter vary from image to image, so more images keep helping.
-
-``ProceduralShapes`` is the dataset (``__getitem__`` draws one image: well under a millisecond in numpy, one core);
-``render_shape_image`` draws one as a uint8 array; ``sample_grid(path)`` writes a PNG of examples per class.
+The class is (shape, where the marker is): 10 classes, ``label = i % 10``, balanced in any prefix of 10k. The
+shape is local work inside a patch or two; the marker is a relation between objects several patches apart, so a
+model needs both, and the variation keeps more images useful. ``ProceduralShapes`` is the dataset,
+``render_shape_image`` draws one image as a uint8 array, ``sample_grid(path)`` writes a PNG of examples.
 """
 
 from __future__ import annotations

@@ -1,22 +1,17 @@
 """Image loading and the paper's preprocessing, with Pillow and torch only.
 
 Pixels are read as 8-bit RGB, scaled to [0, 1] and normalised with ``(x - mean) / std``; the default
-mean = std = 0.5 gives the paper's [-1, 1] range ((x - 127.5) / 127.5 in 8-bit units).
+mean = std = 0.5 gives the paper's [-1, 1] range.
 
-- Evaluation (``eval_transform``): resize to ``img_size`` x ``img_size`` as the official fine-tuning code does,
-  or, with ``crop_fraction < 1``, resize the short side to ``img_size / crop_fraction`` and centre-crop.
-- Training (``train_transform``): the inception crop (a random box of 5-100% of the image area with aspect
-  ratio 3/4..4/3, resized to ``img_size``) plus an optional horizontal flip; or, for small images such as the
-  digits, a random shift by a few pixels (``"shift"``); or no augmentation (``"none"``). Given a JPEG not decoded
-  yet (``open_image``: what the folder, manifest and WebDataset readers hand it), the inception crop's box is
-  drawn from the header's size and the file is decoded at 1/2, 1/4 or 1/8 scale where the crop stays at least
-  ``img_size`` pixels (a large photo decodes several times faster; the crop's pixels are then libjpeg's DCT
-  downscale, not a full decode resized). Evaluation always decodes in full.
+- Evaluation (``eval_transform``; ``image_transform`` for a checkpoint's Preprocessing record): resize to
+  ``img_size`` squared as the official fine-tuning code does, or, with ``crop_fraction < 1``, resize the short
+  side to ``img_size / crop_fraction`` and centre-crop. Evaluation always decodes in full.
+- Training (``train_transform``): the inception crop (5-100% of the area, aspect ratio 3/4..4/3) plus an
+  optional flip; a random shift for small images such as the digits (``"shift"``); or ``"none"``. A JPEG not
+  decoded yet (``open_image``) is decoded at the smallest DCT scale that keeps the crop ``img_size`` pixels.
 
-All randomness comes from torch's global RNG and is drawn in a fixed count per call whatever the outcome
-(``sample_crop_boxes`` draws all its attempts up front), so seeding torch before a call reproduces it exactly.
-``augment_images`` applies the same augmentations to a whole batch of tensors in one ``grid_sample`` call, the
-fast path for datasets held in memory.
+Randomness comes from torch's global RNG, drawn in a fixed count per call whatever the outcome, so seeding torch
+before a call reproduces it. ``augment_images`` augments a whole batch of tensors in one ``grid_sample`` call.
 """
 
 from __future__ import annotations
@@ -32,6 +27,7 @@ import torch.nn.functional as F
 from PIL import Image, ImageOps
 
 from ..errors import UserError, UserFileNotFoundError
+from ..preprocessing import Preprocessing
 
 AUGMENTS = ("inception_crop", "shift", "none")
 ASPECT_RATIO_RANGE = (3 / 4, 4 / 3)
@@ -230,6 +226,12 @@ def eval_transform(
     chans = _infer_chans(mean, in_chans)
     mean_c, std_c = channel_stats(mean, chans, "mean"), channel_stats(std, chans, "std")
     return EvalTransform(img_size, tuple(mean_c), tuple(std_c), crop_fraction)
+
+
+def image_transform(prep: Preprocessing) -> Callable[[Image.Image], torch.Tensor]:
+    """The evaluation transform a checkpoint's preprocessing record describes: PIL image -> float tensor
+    (in_chans, size, size); a record whose input is not square is a UserError (this transform makes squares)."""
+    return eval_transform(prep.square_size(), prep.mean, prep.std, prep.crop_fraction, prep.in_chans)
 
 
 def train_transform(

@@ -1,26 +1,18 @@
 """WebDataset shards through the ``webdataset`` library: ``--data wds:WHERE`` (data.source=wds, data.root=WHERE).
 
-WHERE is a directory written by ``vitkit shard`` (its manifest.json names the train and val shards), or a shard
-pattern with braces (``/data/train-{000000..000127}.tar``); evaluation then reads data.val_root (a pattern, or
-the manifest's val split). A sample is ``KEY.png`` / ``KEY.jpg`` / ``KEY.jpeg`` / ``KEY.webp`` (the image)
-and ``KEY.cls`` (the class index as text).
-
-Epoch length: the sample count of each shard, from the manifest (``manifest.json`` beside the shards) or, without
-one, counted by one pass over the shards at start-up (one printed line says so).
+WHERE is a directory written by ``vitkit shard`` (its manifest.json names the train and val shards and their
+sample counts), or a shard pattern with braces (``/data/train-{000000..000127}.tar``; without a manifest the
+samples are counted by one pass at start-up). A sample is ``KEY.png|jpg|jpeg|webp`` and ``KEY.cls``.
 
 Order, across ranks and DataLoader workers: epoch e reads the shards in a permutation drawn from (seed, e); the
-concatenated stream's first ``steps_per_epoch * batch_size`` samples are cut into ``world_size`` contiguous
-blocks, one per rank (a rank opens only the shards its block touches); each rank passes its block through a
-shuffle buffer of data.shuffle_buffer samples seeded by (seed, e, rank), and its micro-batches are dealt to the
-DataLoader workers in turn (worker w decodes micro-batches w, w + K, ...; all read the rank's block, only one
-decodes each sample). So every sample of an epoch is seen exactly once across all ranks and workers -- except
-the last ``N mod batch_size`` of the epoch's order, left out as the other sources drop a last partial batch --
-and the order does not depend on the number of workers.
+stream's first ``steps_per_epoch * batch_size`` samples are cut into one contiguous block per rank, shuffled in a
+buffer seeded by (seed, e, rank), and its micro-batches dealt to the workers in turn. So every sample of an epoch
+is seen exactly once across ranks and workers (but the last partial batch, dropped as the other sources drop
+it), and the order does not depend on the number of workers.
 
-Resume: the order is a function of (seed, epoch, world size), so a run resumed at step s replays the stream of
-its epoch up to s, reading but not decoding the samples it skips, and continues exactly where the stream was
-(one printed line says how many samples it skipped). A resume with a different world size continues with the
-new world size's order from that point of the epoch: exact resume is then impossible, and the line says so.
+Resume: the order is a function of (seed, epoch, world size), so a resumed run replays its epoch's stream up to
+its step, reading but not decoding what it skips, and continues exactly where it was; with another world size an
+exact resume is impossible, and a printed line says so.
 """
 
 from __future__ import annotations
@@ -69,7 +61,8 @@ class Shards:
         return sum(self.counts)
 
 
-def read_manifest(path: str | Path) -> dict[str, Any]:
+def read_shard_manifest(path: str | Path) -> dict[str, Any]:
+    """The manifest.json ``vitkit shard`` writes beside its shards (their splits, names, counts and classes)."""
     path = Path(path)
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -103,7 +96,7 @@ def find_shards(where: str, split: str = "train") -> Shards | None:
             raise UserFileNotFoundError(
                 f"data.root={where!r}: a directory without {MANIFEST_NAME}; give a shard pattern"
             )
-        doc = read_manifest(manifest)
+        doc = read_shard_manifest(manifest)
         part = doc["splits"].get(split)
         if part is None:
             return None
@@ -130,7 +123,7 @@ def _manifest_counts(paths: Sequence[str]) -> tuple[list[int], list[str]] | None
     folders = {Path(p).resolve().parent for p in paths}
     if len(folders) != 1 or not (next(iter(folders)) / MANIFEST_NAME).is_file():
         return None
-    doc = read_manifest(next(iter(folders)) / MANIFEST_NAME)
+    doc = read_shard_manifest(next(iter(folders)) / MANIFEST_NAME)
     counts = {s["name"]: int(s["count"]) for part in doc["splits"].values() for s in part["shards"]}
     if not all(Path(p).name in counts for p in paths):
         return None

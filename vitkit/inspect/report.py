@@ -27,12 +27,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ..data import load_image
+from ..data import image_transform, load_image
 from ..errors import UserError
 from ..io import atomic_write_text
 from ..models import VisionTransformer
 from ..models.common import as_pair
-from ..predict import Preprocessing, image_transform
+from ..preprocessing import Preprocessing
 from . import figures
 from .attention import (
     attention_distance,
@@ -201,6 +201,54 @@ def write_inspection(
     return {**doc, "removed": [p.name for p in removed]}
 
 
+def inspect_checkpoint(
+    checkpoint: str | Path,
+    out_dir: str | Path,
+    files: Sequence[str] = (),
+    *,
+    labels: str | Path | None = None,
+    data: str | None = None,
+    data_overrides: Sequence[str] = (),
+    num_images: int = 4,
+    distance_images: int = 128,
+    force: bool = False,
+    **model_overrides: Any,
+) -> dict[str, Any]:
+    """``vitkit inspect``: write_inspection for a checkpoint (any format, ``model_overrides`` changing its config).
+
+    The images explained are ``files`` (with the model's preprocessing), else ``num_images`` held-out images of
+    the checkpoint's data (train.run_eval.checkpoint_data: its own, or what ``data`` and ``data_overrides`` name),
+    ``distance_images`` of them for the attention distance; class names are those of ``labels`` (a file, one a
+    line) or the checkpoint's. Returns the index, with ``unread`` (the files that could not be read) and
+    ``without_images`` (why no image was explained: no files given and no data known; else None).
+    """
+    from ..data import build_datasets
+    from ..predict import load_for_inference, read_labels
+    from ..train.run_eval import NO_DATA, checkpoint_data, records_data
+
+    check_output_dir(out_dir, force)  # before the model is loaded and the figures drawn
+    model, prep, metadata = load_for_inference(checkpoint, **model_overrides)
+    names = read_labels(labels) if labels else prep.class_names
+    images: list[InspectionImage] = []
+    unread: list[str] = []
+    notes: list[str] = []
+    without, distance_inputs = None, None
+    if files:
+        images, unread = images_from_files(files, prep)
+        notes += [f"not read: {err}" for err in unread]
+    elif data is None and not data_overrides and not records_data(checkpoint, metadata):
+        without = f"no images given, and {NO_DATA}"  # the figures that need no image, alone
+        notes.append(without)
+    else:  # the checkpoint's data: data that cannot be read is an error, not a smaller report
+        cfg = checkpoint_data(checkpoint, metadata, prep, data, data_overrides)
+        _, eval_set, info = build_datasets(cfg)
+        sample = images_from_dataset(eval_set, prep, max(num_images, distance_images), names or info.class_names)
+        images, distance_inputs = sample[:num_images], torch.stack([im.input for im in sample])
+        notes.append(f"images: evaluation images of the {cfg.source} data ({len(sample)} for the distance)")
+    index = write_inspection(model, out_dir, images, names, distance_inputs, notes=notes, force=force)
+    return {**index, "unread": unread, "without_images": without}
+
+
 def _draw(
     model: VisionTransformer,
     index: _Index,
@@ -212,6 +260,33 @@ def _draw(
     notes: Sequence[str],
 ) -> dict[str, Any]:
     """Every figure write_inspection draws, added to the index; returns the saved index."""
+    _draw_embeddings(model, index, num_components)
+    if not images:
+        index.skip("attention distance, rollout and attention maps", "no images given")
+        return index.save(title, notes)
+    device = next(model.parameters()).device
+    inputs = torch.stack([im.input for im in images]).to(device)  # (B, C, H, W)
+    sample = inputs if distance_inputs is None else distance_inputs.to(device)
+    dist = attention_distance(model, sample)  # (L, nh)
+    uniform = float(token_distances(model.grid, model.config.stride).mean())
+    path = figures.plot_attention_distance(
+        dist,
+        index.out / "attention_distance.png",
+        title="Mean attention distance",
+        reference=uniform,
+        subtitle=f"{title}; averaged over {len(sample)} image(s)",
+    )
+    index.add(
+        path, "Fig 7 right / Fig 11", f"mean attention distance (pixels) per head and layer, {len(sample)} images"
+    )
+    for i, im in enumerate(images):
+        _draw_image(model, index, i, im, inputs[i : i + 1], class_names)
+    return index.save(title, notes)
+
+
+def _draw_embeddings(model: VisionTransformer, index: _Index, num_components: int) -> None:
+    """Fig 7 left and centre: the patch-embedding filters' principal components, the position embeddings'
+    similarity (each skipped, with the reason, for a model that has none)."""
     out = index.out
     try:
         comps, explained = patch_filter_components(model, num_components)
@@ -231,55 +306,44 @@ def _draw(
     except UserError as e:  # a model without a position embedding
         index.skip("position-embedding similarity (Fig 7 centre)", str(e))
 
-    if not images:
-        index.skip("attention distance, rollout and attention maps", "no images given")
-        return index.save(title, notes)
 
-    device = next(model.parameters()).device
-    inputs = torch.stack([im.input for im in images]).to(device)  # (B, C, H, W)
-    sample = inputs if distance_inputs is None else distance_inputs.to(device)
-    dist = attention_distance(model, sample)  # (L, nh)
-    uniform = float(token_distances(model.grid, model.config.stride).mean())
-    path = figures.plot_attention_distance(
-        dist,
-        out / "attention_distance.png",
-        title="Mean attention distance",
-        reference=uniform,
-        subtitle=f"{title}; averaged over {len(sample)} image(s)",
-    )
-    index.add(
-        path, "Fig 7 right / Fig 11", f"mean attention distance (pixels) per head and layer, {len(sample)} images"
-    )
-
+def _draw_image(
+    model: VisionTransformer,
+    index: _Index,
+    i: int,
+    im: InspectionImage,
+    x: torch.Tensor,
+    class_names: Sequence[str] | None,
+) -> None:
+    """Fig 6 (the attention rollout) and the attention maps of every layer and head for image i (x: (1, C, H, W))."""
+    out = index.out
     what = {
         "token": "class token's attention over the patches",
         "map": "attention of the tokens the MAP head reads, weighted by its probe's attention",
         "first": "first token's attention over the patches",
     }.get(model.config.classifier, "mean attention of all patches")
-    for i, im in enumerate(images):
-        rec = record_attention(model, inputs[i : i + 1])
-        display = np.asarray(im.display, dtype=np.float64)
-        heat = upsample_map(rollout_map(rec), display.shape[:2])[0].cpu().numpy()  # (H, W)
-        probs = rec.logits.float().softmax(-1)[0]
-        k = int(probs.argmax())
-        guess = class_names[k] if class_names and k < len(class_names) else str(k)
-        caption = f"{im.name}: predicted {guess} ({100 * float(probs[k]):.1f}%)"
-        caption += f", true {im.label}" if im.label is not None else ""
-        stem = f"{i:02d}_{_slug(im.name)}"
-        path = figures.plot_rollout(display, heat, out / f"rollout_{stem}.png", title=caption)
-        index.add(path, "Fig 6", f"attention rollout for {im.name}")
-        maps = query_attention(rec)[:, 0].cpu().numpy()  # (L, nh, gh, gw)
+    rec = record_attention(model, x)
+    display = np.asarray(im.display, dtype=np.float64)
+    heat = upsample_map(rollout_map(rec), display.shape[:2])[0].cpu().numpy()  # (H, W)
+    probs = rec.logits.float().softmax(-1)[0]
+    k = int(probs.argmax())
+    guess = class_names[k] if class_names and k < len(class_names) else str(k)
+    caption = f"{im.name}: predicted {guess} ({100 * float(probs[k]):.1f}%)"
+    caption += f", true {im.label}" if im.label is not None else ""
+    stem = f"{i:02d}_{_slug(im.name)}"
+    path = figures.plot_rollout(display, heat, out / f"rollout_{stem}.png", title=caption)
+    index.add(path, "Fig 6", f"attention rollout for {im.name}")
+    maps = query_attention(rec)[:, 0].cpu().numpy()  # (L, nh, gh, gw)
+    path = figures.plot_attention_maps(
+        maps, out / f"attention_{stem}.png", title=f"Attention maps: {caption}", what=what
+    )
+    index.add(path, "attention maps", f"{what}, every layer and head, for {im.name}")
+    probe = probe_attention(rec)
+    if probe is not None:  # the attention that decides what a MAP head pools: one row, one map per head
         path = figures.plot_attention_maps(
-            maps, out / f"attention_{stem}.png", title=f"Attention maps: {caption}", what=what
+            probe[:1].cpu().numpy(),
+            out / f"map_attention_{stem}.png",
+            title=f"MAP head attention: {caption}",
+            what="the MAP head probe's attention over the patches, per head",
         )
-        index.add(path, "attention maps", f"{what}, every layer and head, for {im.name}")
-        probe = probe_attention(rec)
-        if probe is not None:  # the attention that decides what a MAP head pools: one row, one map per head
-            path = figures.plot_attention_maps(
-                probe[:1].cpu().numpy(),
-                out / f"map_attention_{stem}.png",
-                title=f"MAP head attention: {caption}",
-                what="the MAP head probe's attention over the patches, per head",
-            )
-            index.add(path, "MAP head attention", f"the MAP probe's attention over the patches for {im.name}")
-    return index.save(title, notes)
+        index.add(path, "MAP head attention", f"the MAP probe's attention over the patches for {im.name}")

@@ -11,10 +11,7 @@ and were used to release the weights:
   from the pre-activated input where the shape changes; conv1 1x1, GN+ReLU, conv2 3x3 with the stride (3x3 convs
   pad 1 on every side), GN+ReLU, conv3 1x1 to 4x the bottleneck width; y + shortcut, no activation after the add;
 - a final GN+ReLU, global average pooling and a zero-initialised dense head (big_transfer's ``zero_head``).
-
-This differs from the hybrid ViT's post-activation ResNet (resnet.py), which normalises after each conv, uses
-TF 'SAME' padding, (std + 1e-5) standardisation and GroupNorm eps 1e-6.
-Module names follow timm's ResNetV2 (stem.conv, stages.0.blocks.0.norm1, downsample.conv, norm, ...), so timm's
+Unlike the hybrid ViT's post-activation ResNet (resnet.py). Module names follow timm's ResNetV2, so its
 resnetv2_*_bit state dicts map one to one but for the head: timm's is a 1x1 conv, here the same map as a Linear.
 """
 

@@ -11,8 +11,6 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from .gelu import GELU
-from .linear import dense, dense_gelu, gelu_dense, unhooked
 
 C = TypeVar("C")
 
@@ -61,6 +59,27 @@ def check_num_classes(owner: str, value: Any) -> None:
         raise ConfigError(f"{owner}.num_classes={value!r}: expected an integer >= 0 (0: no head)")
 
 
+def check_choices(config: Any, **allowed: tuple[str, ...]) -> None:
+    """ConfigError unless each named field of config is one of its allowed values."""
+    for name, values in allowed.items():
+        if getattr(config, name) not in values:
+            raise ConfigError(f"{type(config).__name__}.{name}={getattr(config, name)!r}: expected one of {values}")
+
+
+def check_rates(config: Any, *names: str) -> None:
+    """ConfigError unless each named field of config is a rate in [0, 1)."""
+    for name in names:
+        if not 0.0 <= getattr(config, name) < 1.0:
+            raise ConfigError(f"{type(config).__name__}.{name}={getattr(config, name)!r}: expected a rate in [0, 1)")
+
+
+def check_above_zero(config: Any, *names: str) -> None:
+    """ConfigError unless each named field of config is a number > 0."""
+    for name in names:
+        if not getattr(config, name) > 0:
+            raise ConfigError(f"{type(config).__name__}.{name}={getattr(config, name)!r}: expected a positive number")
+
+
 def normalise_stages(config: Any) -> None:
     """The fields every ResNet config shares (layers, img_size, in_chans, num_classes): normalised in place on a
     frozen dataclass being built (its __post_init__), then checked."""
@@ -73,26 +92,35 @@ def normalise_stages(config: Any) -> None:
     check_num_classes(owner, config.num_classes)
 
 
-class Mlp(nn.Module):
-    """The transformer MLP: Dense -> GELU -> dropout -> Dense -> dropout (encoder blocks and the MAP head)."""
+def drop_path_rates(rate: float, depth: int) -> list[float]:
+    """Stochastic depth per block: 0 for the first, ``rate`` for the last, linear between (timm, DeiT, AugReg)."""
+    if depth == 1:
+        return [rate]
+    return [rate * i / (depth - 1) for i in range(depth)]
 
-    def __init__(self, dim: int, hidden: int, gelu: str = "tanh", drop: float = 0.0) -> None:
+
+def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Zero whole samples of a residual branch x (B, ...) with probability p, scaling the kept ones by 1/(1-p) so
+    the expectation is unchanged; identity in eval or at p = 0 (so eval outputs never depend on p)."""
+    if not training or p == 0.0:
+        return x
+    keep = 1.0 - p
+    mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
+    return x * mask.div_(keep)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth (Huang et al., 2016) on a residual branch: see drop_path."""
+
+    def __init__(self, p: float = 0.0) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(dim, hidden)
-        self.act = GELU(approximate="tanh" if gelu == "tanh" else "none")
-        self.fc2 = nn.Linear(hidden, dim)
-        self.drop = nn.Dropout(drop)
+        self.p = p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = dense_gelu(self.fc1, self.act, x)  # inference on a CPU: the GELU applied inside fc1's matmul
-        if a is not None:
-            return self.drop(dense(self.fc2, self.drop(a)))
-        h = dense(self.fc1, x)
-        if not (self.training and self.drop.p) and unhooked(self.drop):  # nothing between the GELU and fc2: in
-            y = gelu_dense(self.act, self.fc2, h)  # training on a CPU, one function keeping h alone for backward
-            if y is not None:
-                return self.drop(y)
-        return self.drop(dense(self.fc2, self.drop(self.act(h))))
+        return drop_path(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p:g}"
 
 
 def zero_head(in_features: int, num_classes: int) -> nn.Module:

@@ -15,8 +15,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .common import Mlp
-
 CLASSIFIERS = ("token", "gap", "map", "first")
 FIRST_TOKEN = ("token", "first")  # the poolings that read the first token alone
 
@@ -26,11 +24,12 @@ class MAPHead(nn.Module):
     (B, N, D), then x + MLP(LN(x)); the probe's output (B, D) is the pooled representation.
 
     big_vision builds it with the encoder's head count and MLP width; q, k, v and out have biases, the LayerNorm
-    and GELU are the model's, and there is no dropout (big_vision's head has none). Parameter names follow timm's
-    AttentionPoolLatent (latent, q, kv, proj, norm, mlp), so its state dicts map one to one.
+    and the MLP (``mlp``, built by the caller: the encoder's, without dropout, as big_vision's head has none) are
+    the model's. Parameter names follow timm's AttentionPoolLatent (latent, q, kv, proj, norm, mlp), so its state
+    dicts map one to one.
     """
 
-    def __init__(self, dim: int, num_heads: int, mlp_dim: int, *, gelu: str = "tanh", ln_eps: float = 1e-6) -> None:
+    def __init__(self, dim: int, num_heads: int, mlp: nn.Module, *, ln_eps: float = 1e-6) -> None:
         super().__init__()
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
@@ -39,11 +38,11 @@ class MAPHead(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim)  # keys, then values
         self.proj = nn.Linear(dim, dim)
         self.norm = nn.LayerNorm(dim, eps=ln_eps)
-        self.mlp = Mlp(dim, mlp_dim, gelu)
+        self.mlp = mlp  # fc1, GELU, fc2
 
     @torch.no_grad()
     def init_weights(self) -> None:
-        """As big_vision's MAPHead: xavier_uniform kernels and probe, zero biases (MLP biases normal(1e-6))."""
+        """As big_vision's MAPHead: xavier_uniform kernels and probe, zero biases (the MLP is the caller's to init)."""
         D = self.latent.shape[-1]
         bound = (6.0 / (1 + D)) ** 0.5  # Flax's xavier_uniform of a (1, 1, D) probe: fan_in 1, fan_out D
         nn.init.uniform_(self.latent, -bound, bound)
@@ -53,9 +52,6 @@ class MAPHead(nn.Module):
         nn.init.xavier_uniform_(self.proj.weight)
         for lin in (self.q, self.kv, self.proj):
             nn.init.zeros_(lin.bias)
-        for fc in (self.mlp.fc1, self.mlp.fc2):
-            nn.init.xavier_uniform_(fc.weight)
-            nn.init.normal_(fc.bias, std=1e-6)
 
     def forward(self, x: torch.Tensor, explicit: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Encoded tokens (B, N, D) -> (pooled (B, D), the probe's attention probabilities (B, nh, 1, N) when

@@ -4,11 +4,12 @@ tables of relative position attention (paper appendix D.4)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 
 Grid = tuple[int, int]
 
@@ -32,6 +33,32 @@ def sincos_2d(grid: Grid, dim: int, temperature: float = 10_000.0) -> torch.Tens
     y = y.flatten()[:, None] * omega[None, :]
     x = x.flatten()[:, None] * omega[None, :]
     return torch.cat([x.sin(), x.cos(), y.sin(), y.cos()], dim=1)
+
+
+def check_config(width: int, pos_embed: str, where: str) -> None:
+    """ConfigError where a ViTConfig's position embedding cannot be built at this width or in this place."""
+    if pos_embed == "learned_2d" and width % 2:
+        raise ConfigError(f"ViTConfig: learned_2d position embeddings need an even width, got {width}")
+    if pos_embed == "sincos_2d" and width % 4:
+        raise ConfigError(f"ViTConfig: sincos_2d position embeddings need a width divisible by 4, got {width}")
+    if where != "input" and pos_embed not in ("learned", "learned_2d", "sincos_2d"):
+        raise ConfigError(
+            f"ViTConfig.pos_embed_where={where!r}: pos_embed={pos_embed!r} adds no table to the tokens (relative "
+            "positions already act in every block's attention); use 'input'"
+        )
+    if pos_embed == "sincos_2d" and where == "every_layer":
+        raise ConfigError(
+            "ViTConfig.pos_embed_where='every_layer': the sincos_2d table is fixed, so each block's own table would "
+            "be the same one; use 'every_layer_shared'"
+        )
+
+
+def learned_2d(x_table: torch.Tensor, y_table: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """The 2-D learned table of a grid (tables, gh * gw, D) from its column (tables, gw', D/2) and row (tables, gh',
+    D/2) embeddings, each resampled to the grid: patch (i, j) gets [x_j, y_i] (the paper's appendix D.4)."""
+    x = resample_1d(x_table, grid[1])[:, None, :, :].expand(-1, grid[0], -1, -1)  # (tables, gh, gw, D/2)
+    y = resample_1d(y_table, grid[0])[:, :, None, :].expand(-1, -1, grid[1], -1)
+    return torch.cat([x, y], dim=-1).flatten(1, 2)
 
 
 def resample_pos_embed(
@@ -188,3 +215,38 @@ def _stretch_offsets(table: torch.Tensor, shape: tuple[int, ...]) -> torch.Tenso
         flat = F.interpolate(moved.reshape(-1, 1, old), size=new, mode="linear", align_corners=True)
         out = flat.reshape(*moved.shape[:-1], new).movedim(-1, axis)
     return out.to(table.dtype)
+
+
+@dataclass(frozen=True)
+class RelativePositions:
+    """One call's token layout as relative position attention reads it; built once per forward for all blocks."""
+
+    index: torch.Tensor  # (N, N) long: the offset-table row that query patch i and key patch j read
+    table_shape: tuple[int, ...]  # offset axes for this grid: (2N - 1,) or (2 gh - 1, 2 gw - 1)
+    grid: Grid  # this call's patch grid (gh, gw)
+    table_grid: Grid  # the grid the model's tables were built for: another grid's table is resampled from it
+    prefix: int  # tokens before the patches (the class token): pairs involving them get no relative term
+
+
+def relative_positions(grid: Grid, table_grid: Grid, dims: int, prefix: int, device: torch.device) -> RelativePositions:
+    """The layout of a grid's tokens for relative position attention with ``dims``-D offsets."""
+    return RelativePositions(
+        relative_index(grid, dims, device), relative_table_shape(grid, dims), grid, table_grid, prefix
+    )
+
+
+def relative_logits(q: torch.Tensor, table: torch.Tensor, rel: RelativePositions) -> torch.Tensor | None:
+    """The relative logits q_i . r_{j-i} of the first n queries q (B, nh, n, hd), already scaled by 1/sqrt(hd) as
+    the content logits are, against all T tokens: (B, nh, n, T). ``table`` is a layer's (*offsets, D) table, each
+    head reading its own head_dim slice of an offset's embedding, as it does of a key. Rows and columns of the
+    class token are zero; None when no query is a patch."""
+    B, nh, n, hd = q.shape
+    qp = q[:, :, rel.prefix :]  # (B, nh, n_p, hd): the patch queries
+    n_p = qp.shape[2]
+    if n_p == 0:
+        return None
+    table = resample_relative(table, rel.table_shape, rel.table_grid, rel.grid)  # another grid: resampled
+    table = table.reshape(-1, nh, hd).transpose(0, 1).to(q.dtype)  # (nh, E, hd), E offsets
+    logits = qp @ table.transpose(1, 2)  # (B, nh, n_p, E): each query against every offset's embedding
+    bias = logits.gather(-1, rel.index[:n_p].expand(B, nh, -1, -1))  # (B, nh, n_p, N)
+    return F.pad(bias, (rel.prefix, 0, n - n_p, 0))  # (B, nh, n, T)

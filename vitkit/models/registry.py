@@ -8,13 +8,12 @@ released; the hybrids' post-activation ResNet as a classifier is ``hybrid_resnet
 
 from __future__ import annotations
 
-import difflib
 import fnmatch
 from typing import Any
 
 from torch import nn
 
-from ..errors import UserError
+from ..errors import UserError, did_you_mean
 from .bit import BiT, BiTConfig
 from .common import check_fields
 from .resnet import ResNet, ResNetConfig
@@ -114,32 +113,6 @@ def list_models(pattern: str = "") -> list[str]:
     return [n for n in MODELS if fnmatch.fnmatchcase(n, glob)]
 
 
-def _normalised(name: str) -> str:
-    """A name as the eye compares it: lower case, '-' and '/' as '_', a Hub organisation dropped."""
-    name = name.lower().removeprefix("google/").removeprefix("timm/")
-    return name.replace("-", "_").replace("/", "_")
-
-
-def _similarity(a: str, b: str) -> float:
-    """difflib's ratio of two normalised names, the better of with and without their separators (so that
-    ``vit_b_16`` is as close to ``vit_b16`` as ``vitb16`` is)."""
-    a, b = _normalised(a), _normalised(b)
-    spelt = difflib.SequenceMatcher(None, a, b).ratio()
-    bare = difflib.SequenceMatcher(None, a.replace("_", ""), b.replace("_", "")).ratio()
-    return max(spelt, bare)
-
-
-def closest_names(name: str, candidates: list[str], n: int = 3, cutoff: float = 0.6) -> list[str]:
-    """The ``n`` candidates most like ``name`` (normalised difflib similarity at least ``cutoff``), best first;
-    ties go to the closer literal spelling, then keep the candidates' order."""
-
-    def spelt(candidate: str) -> float:  # ties go to the candidate spelt most like the name (its organisation too)
-        return difflib.SequenceMatcher(None, name.lower(), candidate.lower()).ratio()
-
-    scored = sorted((-_similarity(name, c), -spelt(c), i, c) for i, c in enumerate(candidates))
-    return [c for score, _, _, c in scored[:n] if -score >= cutoff]
-
-
 def unknown_model(name: str) -> UserError:
     """The error for a name that is not registered: the row a renamed or foreign name means, else close matches."""
     if name in RENAMED:
@@ -148,8 +121,7 @@ def unknown_model(name: str) -> UserError:
     alias = KNOWN_AS.get(name.lower().split(".")[0])  # timm tags carry '.weights' after the architecture
     if alias is not None:
         return UserError(f"unknown model {name!r}; vitkit names this architecture {alias!r}")
-    close = closest_names(name, list(MODELS))
-    hint = f"did you mean {', '.join(close)}?" if close else "see vitkit.list_models() or `vitkit models`"
+    hint = did_you_mean(name, list(MODELS), "see vitkit.list_models() or `vitkit models`")
     return UserError(f"unknown model {name!r}; {hint}")
 
 

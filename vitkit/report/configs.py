@@ -8,7 +8,9 @@ from typing import Any
 
 from ..errors import UserError
 from ..models.registry import MODELS, model_config
-from ..train.config import TrainConfig, flat_keys, load_config, shipped_configs
+from ..train.config import ModelConfig, TrainConfig, flat_keys
+from ..train.config_files import shipped_configs
+from ..train.recipe import load_config
 from .html import Html, Row, esc, join, table, tag
 
 
@@ -16,6 +18,7 @@ def default_values(cfg: TrainConfig) -> dict[str, Any]:
     """What each key of cfg would be had nothing set it: vitkit.train.config's defaults, and for the model's
     fields the registry row's values (what ``model.name`` alone builds)."""
     values = flat_keys(TrainConfig().to_dict())
+    values["model.token_merge"] = ModelConfig().token_merge  # a default that to_dict leaves out
     name = cfg.model.name
     if name is not None and name in MODELS:
         row = model_config(name)

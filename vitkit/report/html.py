@@ -16,12 +16,9 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 # Nothing may be fetched: images are data: URIs, style and script are inline.
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'"
@@ -126,16 +123,6 @@ def png_of_array(pixels: np.ndarray, max_side: int = 160) -> bytes:
         img.thumbnail((max_side, max_side))
     buf = io.BytesIO()
     img.save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def png_of_figure(fig: Figure, dpi: int = 100) -> bytes:
-    """A matplotlib Figure rendered on the Agg canvas as PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
     return buf.getvalue()
 
 

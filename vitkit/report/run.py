@@ -27,9 +27,11 @@ from ..inspect.report import describe, images_from_dataset, write_inspection
 from ..io import atomic_write_text
 from ..models import VisionTransformer, count_params
 from ..predict import Preprocessing, load_for_inference
-from ..train.config import TrainConfig, load_config
+from ..train.config import TrainConfig
 from ..train.distributed import pick_device
+from ..train.engine import RunHooks
 from ..train.metrics import METRICS_NAME, MetricsLog
+from ..train.recipe import load_config
 from ..train.run_eval import checkpoint_data
 from ..train.state import STATE_NAME, read_train_state
 from .configs import config_section, show_value
@@ -82,6 +84,15 @@ def refresh_run_report(run_dir: str | Path, started: float, device: str | torch.
     except Exception as e:  # noqa: BLE001 -- the page is a view of the run; training goes on without it
         warnings.warn(f"{run_dir}: {REPORT_NAME} not rewritten during training: {type(e).__name__}: {e}", stacklevel=2)
         return None
+
+
+def write_final_run_report(run_dir: Path, device: torch.device) -> Path:
+    """The run's page at the end of its training, on the device it trained on (RunHooks.finished)."""
+    return write_run_report(run_dir, device=device)
+
+
+# what `vitkit train` (and each run of `vitkit sweep`) passes to the training: the page at evaluations and at the end
+REPORT_HOOKS = RunHooks(evaluated=refresh_run_report, finished=write_final_run_report)
 
 
 def run_report(run_dir: str | Path, device: str | torch.device = "auto", during: bool = False) -> str:

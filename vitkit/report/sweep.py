@@ -20,7 +20,8 @@ import torch
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write_text
 from ..sweep.aggregate import TABLE_NAME, Table, read_table
-from ..sweep.spec import FINETUNE, value_text
+from ..sweep.spec import FINETUNE
+from ..train.overrides import value_text
 from .html import Html, Page, Row, code_block, definitions, fmt, image, join, table, tag
 from .run import REPORT_NAME, write_run_report
 
@@ -43,6 +44,18 @@ def write_sweep_report(
     path = Path(out) if out is not None else sweep / REPORT_NAME
     atomic_write_text(path, sweep_report(sweep, path.parent, write_missing, device))
     return path
+
+
+def write_report(path: str | Path, out: str | Path | None = None, device: str | torch.device = "auto") -> Path:
+    """``vitkit report PATH``: the page of the sweep (write_sweep_report, with a page for each run that has none)
+    or of the training run (write_run_report) that path holds; returns the page's path."""
+    path = Path(path)
+    if is_sweep_dir(path):
+        return write_sweep_report(path, out, device=device)
+    if (path / "config.yaml").is_file():
+        return write_run_report(path, out, device)
+    what = "no such directory" if not path.is_dir() else "neither config.yaml nor sweep.json in it"
+    raise UserError(f"{path}: not a training run directory or a sweep directory ({what})")
 
 
 def mean_std(mean: float | None, std: float | None) -> str:

@@ -4,7 +4,8 @@
 
 ``run_sweep`` expands a spec (spec.py), brings every cell to its end -- skipping finished cells, resuming or
 restarting unfinished ones (run.py) -- and writes the table and the figures from the runs' own metrics
-(aggregate.py), then the sweep's page, report.html (vitkit.report.sweep); ``aggregate_only=True`` does the last
+(aggregate.py), then the sweep's page through the ``page`` the caller passes (the command line passes
+vitkit.report.sweep's, which writes report.html; sweep/ imports no report); ``aggregate_only=True`` does the last
 part alone, for runs that exist. The shipped specs (one per experiment of the paper, each with a ``quick``
 variant of seconds) are in vitkit/sweeps/.
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..train.engine import NO_HOOKS, RunHooks
 from .aggregate import Row, aggregate, write_figures, write_table
 from .probes import write_attention_figures
 from .run import SweepRun, run_cells
@@ -40,11 +42,15 @@ def run_sweep(
     quick: bool = False,
     log: Callable[[str], object] = print,
     overrides: Sequence[str] = (),
+    run_hooks: RunHooks = NO_HOOKS,
+    page: Callable[[Path], Path] | None = None,
 ) -> SweepResult:
     """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]).
 
     ``overrides`` (``section.key=value``) go to every run of every cell, both stages, after the spec's own: how
     this machine runs them (``run.device=cuda``, ``data.num_workers=8``, ``run.amp=bf16``), not what is compared.
+    ``run_hooks`` go to every run (vitkit.train.RunHooks: each run's page); ``page(out)`` writes the sweep's own
+    page once its table and figures are written, and its path is among the files.
     """
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec, quick=quick)
@@ -61,7 +67,7 @@ def run_sweep(
         out.mkdir(parents=True, exist_ok=True)
         settings = len(cells) // len(spec.seeds)
         log(f"{spec.name}: {len(cells)} runs ({settings} settings x {len(spec.seeds)} seeds) in {out}")
-        done = run_cells(spec, cells, out, jobs, log)
+        done = run_cells(spec, cells, out, jobs, log, run_hooks)
     rows, records = aggregate(spec, cells, out)
     files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
     if spec.probes.attention_images:
@@ -70,9 +76,8 @@ def run_sweep(
             label = cell.name.rsplit("_seed-", 1)[0]
             groups.setdefault(label, (label, dict(cell.values), []))[2].append(out / cell.name)
         files += write_attention_figures(spec.name, list(groups.values()), out)
-    from ..report.sweep import write_sweep_report  # report/ sits above sweep/: imported where it is used
-
-    files.append(write_sweep_report(out, write_missing=False))  # report.html: the sweep on one page
+    if page is not None:
+        files.append(page(out))
     return SweepResult(out, rows, files, done.actions, done.failed)
 
 

@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, cast
 from ..errors import UserError
 from ..io import atomic_write, atomic_write_text
 from ..train.metrics import METRICS_NAME
+from ..train.overrides import value_text
 from .probes import is_probe_metric, probe_metric
 from .run import run_status
-from .spec import FINETUNE, Cell, SweepSpec, value_text
+from .spec import FINETUNE, Cell, SweepSpec
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
     from matplotlib.figure import Figure

@@ -25,6 +25,7 @@ import torch
 
 from ..errors import UserError
 from ..io import atomic_write_text
+from ..train.overrides import value_text
 
 PROBE_KEYS = ("fewshot", "attention")
 FEWSHOT_FILE, ATTENTION_FILE = "fewshot.json", "attention.json"
@@ -203,7 +204,5 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
 
 def _differing(values: list[dict[str, Any]]) -> list[str]:
     """``key=value, ...`` of the axes whose values differ between the groups (the last part of each key)."""
-    from .spec import value_text
-
     keys = [k for k in values[0] if len({value_text(v.get(k)) for v in values}) > 1]
     return [", ".join(f"{k.rsplit('.', 1)[-1]}={value_text(v.get(k))}" for k in keys) for v in values]

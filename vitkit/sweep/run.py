@@ -1,20 +1,15 @@
 """Running a sweep: each cell is an ordinary training run in OUT/<cell name>, skipped when it has finished.
 
-What a rerun does with a cell's run directory (so a killed sweep, run again, picks up where it stopped):
+A rerun picks up where a killed sweep stopped: a finished run (its train_state at the last step, with a final
+evaluation) is skipped and never touched; one with a state short of the end is resumed (run.resume=true: the same
+weights as a run never interrupted); one killed before its first save is removed (after taking its lock, so a live
+run is never touched) and started again; an absent one is started.
 
-- finished (its train_state says step == total steps, with a final evaluation): skipped, never touched;
-- a train_state short of the end (the run saved at run.save_every, or on SIGINT / SIGTERM): resumed with
-  run.resume=true, which ends with the same weights as a run never interrupted;
-- no train_state (killed before its first save): nothing to resume, so the directory is removed (after taking
-  its lock, so a live run is never touched) and the cell starts again;
-- absent: started.
-
-A cell with probes (probes.py) runs them on its first run's model once that has finished, and is finished when
-their files are written. A cell with a finetune stage is finished when both runs are; the second starts from the
-first's weights (run.init_from=OUT/<cell name>) in OUT/<cell name>--finetune, or from scratch with the first
-stage's model settings for a cell with ``pretrain: false``, which has no first run. ``--jobs N`` runs N cells at
-once in spawned processes, each with run.threads = min(its config's, cores // N) so the cores are not
-oversubscribed.
+A cell with probes (probes.py) runs them on its first run's model once that has finished. A cell with a finetune
+stage is finished when both runs are; the second starts from the first's weights (run.init_from=OUT/<cell name>)
+in OUT/<cell name>--finetune, or from scratch with the first stage's model settings for a cell with ``pretrain:
+false``. ``--jobs N`` runs N cells at once in spawned processes, each with run.threads = min(its config's,
+cores // N) so the cores are not oversubscribed.
 """
 
 from __future__ import annotations
@@ -34,11 +29,13 @@ import torch
 from ..device import usable_cores
 from ..errors import UserError
 from ..io import DirectoryLock
-from ..train import NonFiniteLossError, train
-from ..train.config import TrainConfig, config_from_dict, load_config
+from ..train.config import TrainConfig
+from ..train.engine import NO_HOOKS, NonFiniteLossError, RunHooks, train
+from ..train.overrides import value_text
+from ..train.recipe import config_from_dict, load_config
 from ..train.state import STATE_NAME
 from .probes import Probes, run_probes
-from .spec import FINETUNE, Cell, SweepSpec, value_text
+from .spec import FINETUNE, Cell, SweepSpec
 
 # what stops one cell and lets the others go on: a setting that does not work (a config error, a diverged run);
 # anything else is a bug and stops the sweep with its traceback
@@ -77,6 +74,7 @@ class CellPlan:
     out: Path
     name: str
     probes: Probes = Probes()
+    hooks: RunHooks = NO_HOOKS  # passed to each of its runs (the command line's: their report pages)
 
     def run_dirs(self) -> list[Path]:
         first = self.out / self.name
@@ -91,7 +89,7 @@ def _finetune_dir(first: Path) -> Path:
     return first.parent / f"{first.name}--{FINETUNE}"
 
 
-def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int) -> CellPlan:
+def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int, hooks: RunHooks = NO_HOOKS) -> CellPlan:
     """The runs a plain ``vitkit train`` of the cell's overrides would make (the first one's config checked now)."""
     common = [f"run.seed={cell.seed}", f"run.out_dir={out}", "run.progress=false"]
     first = build_config(spec.base_config(), [*spec.overrides, *cell.overrides(), *common, f"run.name={cell.name}"])
@@ -106,7 +104,7 @@ def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int) -> CellPlan:
             ft_overrides[:0] = model
         finetune = (ft_base, ft_overrides)
     first_plan = _with_threads(first, threads) if cell.pretrains else None
-    return CellPlan(first_plan, finetune, threads, out, cell.name, spec.probes)
+    return CellPlan(first_plan, finetune, threads, out, cell.name, spec.probes, hooks)
 
 
 def build_config(base: str | dict[str, Any], overrides: list[str]) -> TrainConfig:
@@ -125,7 +123,7 @@ def run_cell(plan: CellPlan) -> list[str]:
     """Bring every stage of a cell to its end; returns what was done to each ("skipped", "resumed", "ran")."""
     done = []
     if plan.first is not None:
-        done.append(_run_stage(plan.first))
+        done.append(_run_stage(plan.first, plan.hooks))
         if not plan.probes.done(plan.out / plan.name):
             before = torch.get_num_threads()
             torch.set_num_threads(plan.threads)  # as the run had; restored after, as the trainer does
@@ -135,11 +133,11 @@ def run_cell(plan: CellPlan) -> list[str]:
                 torch.set_num_threads(before)
     if plan.finetune is not None:
         base, overrides = plan.finetune
-        done.append(_run_stage(_with_threads(build_config(base, overrides), plan.threads)))
+        done.append(_run_stage(_with_threads(build_config(base, overrides), plan.threads), plan.hooks))
     return done
 
 
-def _run_stage(cfg: TrainConfig) -> str:
+def _run_stage(cfg: TrainConfig, hooks: RunHooks) -> str:
     run_dir = Path(cfg.run.out_dir) / str(cfg.run.name)
     status = run_status(run_dir)
     if status == "finished":
@@ -151,7 +149,7 @@ def _run_stage(cfg: TrainConfig) -> str:
     resume = status == "partial"
     if resume:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=True))
-    result = train(cfg)
+    result = train(cfg, hooks)
     if result.run_dir.resolve() != run_dir.resolve():  # the run took another directory: a bug, not the user's
         raise RuntimeError(f"cell run went to {result.run_dir}, expected {run_dir}")
     return "resumed" if resume else "ran"
@@ -166,15 +164,22 @@ class SweepRun:
 
 
 def run_cells(
-    spec: SweepSpec, cells: list[Cell], out: Path, jobs: int = 1, log: Callable[[str], object] = print
+    spec: SweepSpec,
+    cells: list[Cell],
+    out: Path,
+    jobs: int = 1,
+    log: Callable[[str], object] = print,
+    hooks: RunHooks = NO_HOOKS,
 ) -> SweepRun:
     """Run (or skip, or resume) every cell; a cell that fails (CELL_FAILURES) is reported and the others go on.
     SIGINT / SIGTERM stop the running cell at a step boundary with its state saved (TrainingInterrupted): the same
-    command again resumes it."""
+    command again resumes it. ``hooks`` go to every run (see vitkit.train.RunHooks)."""
     if jobs < 1:
         raise UserError(f"--jobs: expected a positive number of parallel runs, got {jobs}")
     threads = default_threads(jobs)
-    plans = [(cell, plan_cell(spec, cell, out, threads)) for cell in cells]  # every config checked before any run
+    plans = [
+        (cell, plan_cell(spec, cell, out, threads, hooks)) for cell in cells
+    ]  # every config checked before any run
     actions: dict[str, list[str]] = {}
     failed: dict[str, str] = {}
     pending = []

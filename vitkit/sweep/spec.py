@@ -1,37 +1,18 @@
-"""A sweep spec: a small YAML file naming a base config, the overrides every cell shares, the ones that vary, the
-seeds, the metrics to aggregate and the figure's axes.
+"""A sweep spec: a YAML file naming a base config, the overrides every cell shares, those that vary, the seeds, the
+metrics and the figure's axes; its header says what it measures, the command, the runtime and the result.
 
-    # the docstring of a spec says what it measures, the command, the runtime and what to expect
-    config: digits                      # a shipped config name, a path (relative to this file first), or a
-                                        # mapping of sections (an inline config)
-    overrides: [schedule.steps=200]     # every cell (a list of key=value, or a mapping key: value)
-    grid:                               # the cross product of these values ...
-      model.pos_embed: [none, learned, learned_2d]
-      model.pos_embed_where: [input, every_layer]
-    cells:                              # ... and/or (times) this list of override sets
-      - {model.name: vit_ti16}
-      - {model.name: bit_r26x1, model.width_factor: 1}
-      - {pretrain: false}               # (with a finetune stage) that stage alone, from scratch: the baseline
-    skip:                               # combinations that make no sense: a cell matching any entry is left out
-      - {model.pos_embed: none, model.pos_embed_where: every_layer}
-    seeds: [0, 1, 2]                    # run.seed of each repeat
-    metrics: [eval_top1, eval_loss]     # from each run's final eval record; train.<key>: its last train record;
-                                        # finetune.<metric>: the finetune stage's run
+    config: digits                          # a shipped name, a path (beside the spec first) or an inline mapping
+    overrides: [schedule.steps=200]         # every cell: key=value strings, or a mapping key: value
+    grid: {model.pos_embed: [none, learned]}  # a cross product of values, times the list of ``cells`` override sets
+    skip: [{model.pos_embed: none, model.pos_embed_where: every_layer}]  # combinations left out
+    seeds: [0, 1, 2]                        # run.seed of each repeat
+    metrics: [eval_top1, train.loss, finetune.eval_top1, fewshot.5shot, attention.layer0]
     figure: {x: model.pos_embed, lines: [model.pos_embed_where], log_x: false}
-    finetune:                           # optional: a second run per cell, initialised from the first
-      config: {data: {source: digits}}  #   (no model section: the model is the first run's)
-      overrides: [data.in_chans=3, data.img_size=32]
-    probes:                             # optional: measured on each first run's model once it has finished
-      fewshot: {data: digits, overrides: [data.in_chans=3], shots: [5, 10]}   # metrics fewshot.5shot, ...
-      attention: {images: 256}          #   mean attention distance per layer: metrics attention.layer0, ...
-    quick:                              # optional: what `--quick` changes (a run of seconds, run by the tests)
-      overrides: [schedule.steps=4]     #   appended to overrides
-      grid: {model.pos_embed: [none, learned]}   # replaces these grid keys
-      seeds: [0]
-      finetune_overrides: [schedule.steps=4]
+    finetune: {config: {data: {source: digits}}, overrides: [...]}  # a second run per cell, from the first's model
+    probes: {fewshot: {data: digits, shots: [5, 10]}, attention: {images: 256}}  # on each first run (probes.py)
+    quick: {overrides: [schedule.steps=4], seeds: [0]}  # what --quick changes (also grid, cells, finetune_overrides)
 
-A cell's run directory is OUT/<name>, its name made of the overrides that vary (the last part of each key unless
-two keys share it) and the seed: ``pos_embed-learned_pos_embed_where-input_seed-0``.
+A cell's run directory is OUT/<name>, named by its varying values and seed: ``pos_embed-learned_seed-0``.
 """
 
 from __future__ import annotations
@@ -45,6 +26,7 @@ from typing import Any
 import yaml
 
 from ..errors import UserError
+from ..train.overrides import value_text
 from .probes import Probes, parse_probes
 
 SPEC_KEYS = (
@@ -69,17 +51,6 @@ def shipped_sweeps() -> dict[str, Path]:
     """The specs shipped in vitkit/sweeps, by stem."""
     folder = Path(__file__).resolve().parent.parent / "sweeps"
     return {p.stem: p for p in sorted(folder.glob("*.yaml"))}
-
-
-def value_text(value: Any) -> str:
-    """A YAML value as the text of a ``key=value`` override (what the config parser reads back)."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(value_text(v) for v in value)
-    return str(value)
 
 
 def _override_list(doc: Any, where: str) -> list[str]:
@@ -222,8 +193,16 @@ def _seeds(doc: Any, where: str) -> list[int]:
     return list(seeds)
 
 
-def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
-    """A spec file (or the stem of a shipped one), with its ``quick`` section applied when asked."""
+def _mappings(doc: Any, where: str) -> list[dict[str, Any]]:
+    """A list of mappings key: value (cells, skip), keys as strings."""
+    items = doc or []
+    if not isinstance(items, list) or not all(isinstance(c, dict) for c in items):
+        raise UserError(f"{where}: expected a list of mappings key: value, got {items!r}")
+    return [{str(k): v for k, v in c.items()} for c in items]
+
+
+def _read_spec(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
+    """The spec's path (a file, or a shipped spec's stem) and its top-level keys, checked."""
     path = Path(name_or_path)
     if not path.is_file():
         shipped = shipped_sweeps()
@@ -242,61 +221,69 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
         raise UserError(f"{path}: unknown keys {unknown}; a sweep spec has {', '.join(SPEC_KEYS)}")
     if not isinstance(doc.get("config"), (str, dict)):
         raise UserError(f"{path}: config: expected the base config (a shipped name, a .yaml path or a mapping)")
-    overrides = _override_list(doc.get("overrides"), f"{path}: overrides")
-    grid = _grid(doc.get("grid"), f"{path}: grid")
-    cells = doc.get("cells") or []
-    if not isinstance(cells, list) or not all(isinstance(c, dict) for c in cells):
-        raise UserError(f"{path}: cells: expected a list of mappings key: value, got {cells!r}")
-    skip = doc.get("skip") or []
-    if not isinstance(skip, list) or not all(isinstance(c, dict) for c in skip):
-        raise UserError(f"{path}: skip: expected a list of mappings key: value, got {skip!r}")
-    seeds = _seeds(doc.get("seeds"), f"{path}: seeds")
-    finetune = _mapping(doc.get("finetune"), f"{path}: finetune")
-    ft_overrides = _override_list(finetune.get("overrides"), f"{path}: finetune.overrides")
-    if finetune and not isinstance(finetune.get("config"), (str, dict)):
-        raise UserError(f"{path}: finetune.config: expected the finetune stage's config (a name, a path or a mapping)")
-    if quick:
-        q = _mapping(doc.get("quick"), f"{path}: quick")
-        if not q:
-            raise UserError(f"{path}: no quick section, so no --quick variant")
-        bad = sorted(set(q) - set(QUICK_KEYS))
-        if bad:
-            raise UserError(f"{path}: quick: unknown keys {bad}; expected some of {', '.join(QUICK_KEYS)}")
-        overrides += _override_list(q.get("overrides"), f"{path}: quick.overrides")
-        ft_overrides += _override_list(q.get("finetune_overrides"), f"{path}: quick.finetune_overrides")
-        grid = {**grid, **_grid(q.get("grid"), f"{path}: quick.grid")}
-        if "cells" in q:
-            cells = q["cells"]
-        if "seeds" in q:
-            seeds = _seeds(q["seeds"], f"{path}: quick.seeds")
-    metrics = doc.get("metrics") or ["eval_top1"]
-    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
-        raise UserError(f"{path}: metrics: expected a list of metric names, got {metrics!r}")
-    if any(m.startswith(f"{FINETUNE}.") for m in metrics) and not finetune:
+    return path, doc
+
+
+def _quick(path: Path, doc: dict[str, Any], spec: dict[str, Any]) -> None:
+    """The spec's ``quick`` section applied to its parsed values (``--quick``)."""
+    q = _mapping(doc.get("quick"), f"{path}: quick")
+    if not q:
+        raise UserError(f"{path}: no quick section, so no --quick variant")
+    bad = sorted(set(q) - set(QUICK_KEYS))
+    if bad:
+        raise UserError(f"{path}: quick: unknown keys {bad}; expected some of {', '.join(QUICK_KEYS)}")
+    spec["overrides"] += _override_list(q.get("overrides"), f"{path}: quick.overrides")
+    spec["finetune_overrides"] += _override_list(q.get("finetune_overrides"), f"{path}: quick.finetune_overrides")
+    spec["grid"] = {**spec["grid"], **_grid(q.get("grid"), f"{path}: quick.grid")}
+    if "cells" in q:
+        spec["cells"] = _mappings(q["cells"], f"{path}: quick.cells")
+    if "seeds" in q:
+        spec["seeds"] = _seeds(q["seeds"], f"{path}: quick.seeds")
+
+
+def _check_metrics(path: Path, metrics: list[str], probes: Probes, has_finetune: bool) -> None:
+    if any(m.startswith(f"{FINETUNE}.") for m in metrics) and not has_finetune:
         raise UserError(f"{path}: metrics name the {FINETUNE} stage but the spec has no {FINETUNE} section")
-    probes = parse_probes(doc.get("probes"), f"{path}: probes")
     for m in metrics:
         kind, _, name = m.partition(".")
         if kind == "fewshot" and m not in probes.metrics():
             raise UserError(f"{path}: metrics: {m!r} is not one of the fewshot probe's ({probes.metrics() or 'none'})")
         if kind == "attention" and (not probes.attention_images or not re.fullmatch(r"layer\d+", name)):
             raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>")
+
+
+def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
+    """A spec file (or the stem of a shipped one), with its ``quick`` section applied when asked."""
+    path, doc = _read_spec(name_or_path)
+    values: dict[str, Any] = {
+        "overrides": _override_list(doc.get("overrides"), f"{path}: overrides"),
+        "grid": _grid(doc.get("grid"), f"{path}: grid"),
+        "cells": _mappings(doc.get("cells"), f"{path}: cells"),
+        "skip": _mappings(doc.get("skip"), f"{path}: skip"),
+        "seeds": _seeds(doc.get("seeds"), f"{path}: seeds"),
+    }
+    finetune = _mapping(doc.get("finetune"), f"{path}: finetune")
+    values["finetune_overrides"] = _override_list(finetune.get("overrides"), f"{path}: finetune.overrides")
+    if finetune and not isinstance(finetune.get("config"), (str, dict)):
+        raise UserError(f"{path}: finetune.config: expected the finetune stage's config (a name, a path or a mapping)")
+    if quick:
+        _quick(path, doc, values)
+    metrics = doc.get("metrics") or ["eval_top1"]
+    if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
+        raise UserError(f"{path}: metrics: expected a list of metric names, got {metrics!r}")
+    probes = parse_probes(doc.get("probes"), f"{path}: probes")
+    _check_metrics(path, metrics, probes, bool(finetune))
     figure = _mapping(doc.get("figure"), f"{path}: figure")
     spec = SweepSpec(
         path=path,
         config=doc["config"],
-        overrides=overrides,
-        grid=grid,
-        cells=[{str(k): v for k, v in c.items()} for c in cells],
-        skip=[{str(k): v for k, v in c.items()} for c in skip],
-        seeds=seeds,
         metrics=list(metrics),
         figure_x=figure.get("x"),
         figure_lines=list(figure.get("lines") or []),
         log_x=bool(figure.get("log_x", False)),
         finetune_config=finetune.get("config"),
-        finetune_overrides=ft_overrides,
         probes=probes,
+        **values,
     )
     if any(c.get(PRETRAIN, True) not in (True, False) for c in spec.cells):
         raise UserError(f"{path}: cells: {PRETRAIN} is true or false")

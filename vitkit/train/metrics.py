@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -206,6 +207,14 @@ def _save(fig: Figure, path: Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------- pace
+def format_duration(seconds: float) -> str:
+    """A duration as a person says it: seconds, minutes, hours or days."""
+    for unit, size, limit in (("s", 1, 90), ("min", 60, 90 * 60), ("hours", 3600, 48 * 3600)):
+        if seconds < limit:
+            return f"{seconds / size:.0f} {unit}"
+    return f"{seconds / 86400:.0f} days"
+
+
 class Pace:
     """The run's remaining duration, measured on its first steps and said once.
 
@@ -219,10 +228,6 @@ class Pace:
         self.done = total_steps - step <= 1 + steps  # a run that short is over before a figure would help
 
     def tick(self, step: int) -> str | None:
-        import time
-
-        from .recipe import format_duration
-
         if self.done:
             return None
         if step == self.start:

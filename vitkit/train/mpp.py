@@ -4,25 +4,12 @@
     embedding -> encoder -> final LayerNorm -> the corrupted patches' output tokens (M, D) -> Linear -> targets
 
 Corruption acts on the patch embeddings before the position embedding is added, so a corrupted patch keeps its
-position and the class token is never corrupted. Each image has mask_ratio x N patches corrupted, rounded half
-up (9 patches at 50%: 5; a fixed count, so every image weighs the same in the loss); each of those independently
-becomes the learned [mask] embedding (mask_share), the embedding of another patch of the same image
-(random_share), or stays as it is (the rest), as BERT corrupts tokens. The random replacement is drawn
-uniformly from the image's other N - 1 patches (never the patch itself, or "random" would sometimes be
-"unchanged"), taken before any corruption (never a [mask]); from the same image so that a replacement is a
-plausible patch for that image and an image's corruption does not depend on which images share its batch or rank.
-
-Targets, from the images themselves (labels are ignored):
-    color       the patch's mean colour, each channel quantised to ``bits`` bits: one of 2^(bits x C) classes
-                (512 for RGB at 3 bits, 8 for grey), computed from the unnormalised pixels in [0, 1]
-    color_grid  the same for each cell of a grid x grid split of the patch (16 colours per patch)
-    pixels      L2 regression of the patch's pixels as the model sees them (normalised by the data's mean / std)
-The loss is taken on the corrupted patches only: cross-entropy (mean over patches and grid cells) or the mean
-squared error. Evaluation also reports the accuracy of the colour prediction (for ``pixels``, the colour class of
-the regressed patch's mean against the true one).
-
-The saved run is the plain ViT plus ``mpp.*`` keys (the [mask] embedding and the head), with metadata that tells
-every loader to drop them (``drop_on_load``): fine-tuning, few-shot evaluation and conversion see a plain ViT.
+position and the class token is never corrupted. Each image has a fixed count of corrupted patches (so every image
+weighs the same in the loss), each becoming the learned [mask] embedding, another patch of the same image (never
+itself, never a [mask]: a plausible patch for that image, independent of its batch) or left as it is, as BERT
+corrupts tokens. Targets come from the images (MPPConfig.target: the patch's quantised mean colour, a grid of them,
+or its pixels); the loss is taken on the corrupted patches alone. The saved run is the plain ViT plus ``mpp.*`` keys
+(the [mask] embedding and the head), with metadata that tells every loader to drop them (``drop_on_load``).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Optimizers and the learning-rate schedule.
+"""Optimizers, the learning-rate schedule and Polyak averaging of the weights.
 
 Weight decay applies to weights only: parameters with ndim >= 2 that the model does not list in
 ``no_weight_decay()`` (class token, position embeddings). Biases and LayerNorm/GroupNorm parameters are
@@ -8,11 +8,14 @@ scheduler state beyond the step itself.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 
 from ..errors import UserError
 from .config import OptimConfig, ScheduleConfig
@@ -83,7 +86,68 @@ def lr_at(step: int, total_steps: int, base_lr: float, sched: ScheduleConfig) ->
     return sched.min_lr + (base_lr - sched.min_lr) * factor
 
 
+def run_schedule(schedule: ScheduleConfig, total_steps: int, lr: float) -> ScheduleConfig:
+    """The schedule as run: a warmup as long as the run would never reach the peak lr, so it is halved to fit."""
+    if schedule.warmup_steps < total_steps:
+        return schedule
+    warmup = total_steps // 2
+    warnings.warn(
+        f"schedule.warmup_steps={schedule.warmup_steps} is not shorter than the run ({total_steps} steps), so the "
+        f"learning rate would never reach optim.lr={lr:g}; warming up over {warmup} steps instead",
+        stacklevel=4,
+    )
+    return dataclasses.replace(schedule, warmup_steps=warmup)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """The scheduled lr, times each group's layer-decay scale."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+# ------------------------------------------------------------------------------------------------- polyak
+def polyak_label(decay: float, warmup: bool) -> str:
+    """What the run's model is, for its metadata, its eval records and its plots."""
+    return f"polyak average {decay:g}" + (" (warm-up (1+t)/(10+t))" if warmup else "")
+
+
+def polyak_decay(decay: float, t: int, warmup: bool = True) -> float:
+    """The averaging factor of Polyak update t (0 for the first): decay, or with the warm-up
+    min(decay, (1 + t) / (10 + t))."""
+    return min(decay, (1 + t) / (10 + t)) if warmup else decay
+
+
+def polyak_average(model: nn.Module, decay: float, warmup: bool, total_steps: int) -> AveragedModel | None:
+    """The Polyak-averaged copy of the model (optim.polyak; None when 0), starting from the initial weights.
+
+    Update t (0 for the first) moves it towards the new weights with the factor ``polyak_decay(decay, t)``:
+    with optim.polyak_warmup, min(decay, (1 + t) / (10 + t)) as TensorFlow's ExponentialMovingAverage with
+    num_updates and timm's EMA warmup, so the initial weights are forgotten in a run of any length. One
+    fused lerp over all parameters; each rank does the same on identical weights, so it is DDP-safe.
+    """
+    if not decay:
+        return None
+    horizon = round(1 / (1 - decay))
+    if total_steps < horizon:
+        if warmup:
+            last = polyak_decay(decay, total_steps - 1)
+            what = f"the average stays in its warm-up (factor (1 + t) / (10 + t), at most {last:.4f} here)"
+        else:
+            what = f"{100 * decay**total_steps:.1f}% of the average is still the initial weights at the end"
+        warnings.warn(
+            f"optim.polyak={decay:g} averages over about {horizon} steps, more than this run's {total_steps}: {what}",
+            stacklevel=4,
+        )
+
+    @torch.no_grad()
+    def update(
+        averaged: list[torch.Tensor] | tuple[torch.Tensor, ...],
+        current: list[torch.Tensor] | tuple[torch.Tensor, ...],
+        num_averaged: torch.Tensor | int,
+    ) -> None:
+        # num_averaged counts the initial copy: update t is the (t + 1)-th average
+        torch._foreach_lerp_(averaged, current, 1 - polyak_decay(decay, int(num_averaged) - 1, warmup))
+
+    averaged = AveragedModel(model, multi_avg_fn=update)
+    averaged.update_parameters(model)  # the first update copies: the average starts at the initial weights
+    return averaged

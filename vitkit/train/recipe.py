@@ -1,69 +1,37 @@
-"""The fine-tuning recipe, resolved in one place for ``vitkit finetune`` and ``run.init_from`` alike.
+"""A training config as a run uses it, resolved in one place: ``load_config`` (a file) or ``config_from_dict`` (a
+mapping) under the command line's overrides (vitkit.train.overrides), then for a fine-tune (run.init_from) the
+fine-tuning recipe in every key left open. ``recipe_values`` is the one resolution of that recipe, so ``vitkit
+finetune SOURCE --data DATA k=v`` (``finetune_config``) and ``vitkit train FILE run.init_from=SOURCE`` with the same
+data give the same config, apart from what the user (or the file: its values count as the user's) set and the name.
 
-``recipe_values`` is the one resolution: given a config that fine-tunes (run.init_from) and the keys the user
-gave (on the command line, or in a YAML file: a file's explicit values count as the user's), it fills every
-other key of the recipe. ``config_from_dict`` calls it whenever run.init_from is set, so
-``vitkit finetune SOURCE --data DATA k=v`` and ``vitkit train FILE run.init_from=SOURCE`` with the same data
-give the same resolved config, apart from what the user (or the file) set and the run's name.
-
-What it fills, each only where not given:
-
-* preprocessing: the source's resolution, channels' mean / std and eval crop (``preprocessing_fields``);
-* optimizer and batch: for a source of at least SMALL_SOURCE parameters (every released ViT: ViT-Ti/16 has
-  5.7M), the paper's fine-tuning recipe (Table 4): SGD momentum 0.9, lr 0.01, no weight decay, global-norm clip 1,
-  batch 512 (or the largest power of two the training set fills). For a smaller source, the digits config's AdamW
-  (lr 1.5e-3, weight decay 0.05, label smoothing 0.1, clip 1) in batches of at most a quarter of the training set
-  (SMALL_SOURCE_STEPS_PER_EPOCH = 4 steps an epoch or more). Measured by ``python benchmarks/finetune_digits.py``:
-  143 labelled digits (data.train_fraction=0.1), 458 steps of 32, 360 held-out images, seeds 0-2, top-1 %:
-
-      source (136,906 parameters, MPP's head aside)       paper's SGD        AdamW (the small-source recipe)
-      mpp_digits run (masked patch prediction, no labels)  81.20 +- 1.25      92.78 +- 0.28
-      digits run (supervised on all 1,437 labels)         99.44 +- 0.00      98.15 +- 0.42
-
-  SGD at lr 0.01 barely moves a small network: it keeps what a source already does (the digits run has seen
-  every label) and cannot teach one what it does not (the MPP run's class token was never trained); AdamW
-  costs 1.3 points on the first and gains 11.6 on the second, so a small source gets AdamW. The batch matters as
-  much: in batches of 128 (one step an epoch, the paper's rule; the same images seen) the MPP source reached
-  88.15 +- 0.70 with AdamW and 66.76 +- 1.12 with SGD, in batches of 64 89.26 +- 1.28 with AdamW (seeds 0-2;
-  ``vitkit finetune RUN --data digits data.train_fraction=0.1 optim.batch_size=128 run.seed=S``). A named
-  optimizer (``optim.name=sgd``) takes that optimizer's recipe whatever the source's size;
-* schedule: cosine decay after a linear warmup of 5% of the run;
-* length: the paper's for the data's size (``default_steps``), as images seen, capped at the passes over the
-  data of the paper's CIFAR fine-tune;
-* evaluation: EVALUATIONS (10) over the run (run.eval_every), so that the accuracy plot is a curve;
-* run settings: those of a source run directory's config.yaml that a user set for their machine and outputs
-  (CARRIED_RUN_KEYS: threads, device, amp, compile, log_every, eval_batch_size, progress, plots, tensorboard);
-  never its out_dir, name, resume, init_from, seed, objective or step cadences.
-
-``describe_plan`` says what a run will do before it starts (and on a CPU, how long its FLOPs take);
-``run_name`` names a fine-tune after its source.
-
-``init_from_checkpoint`` loads every weight a checkpoint holds (any format vitkit.load_pretrained reads, or a
-pretrained tag), with the position embeddings resampled to the configured resolution (sec 3.2); then it
-replaces the whole head by one zero-initialised Dense for the new classes, dropping the pre-logits layer
-(sec 3.1). A pretraining head that is no part of a classifier (masked patch prediction's ``mpp.*`` keys) is
-dropped and reported. Anything else that does not fit (another width, depth, patch size) is an error.
+What the recipe fills, each only where not given: the source's preprocessing (resolution, mean / std, eval crop);
+for a source of ImageNet scale the paper's optimizer (Table 4: SGD momentum 0.9, lr 0.01, no weight decay, clip 1,
+batch 512), for a smaller one (below SMALL_SOURCE parameters) the digits config's AdamW in batches that make
+several steps an epoch, since SGD at lr 0.01 cannot teach a small source what it does not already do
+(benchmarks/finetune_digits.py); a named optimizer takes its own recipe whatever the source; cosine decay after a
+warmup of 5% of the run; the paper's length for the data's size (``default_steps``); EVALUATIONS over the run;
+and the settings a source run directory chose for its machine (CARRIED_RUN_KEYS).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Sequence, Sized
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from torch import nn
+from typing import Any
 
 from ..checkpoint.loader import Checkpoint
-from ..data import DatasetInfo, build_datasets
+from ..data import build_datasets
 from ..errors import UserError
-from ..hub import load_pretrained
-from ..hub import read_checkpoint as read_source  # a path or a pretrained tag (downloaded once)
+from ..hub import read_checkpoint
+from .config import TrainConfig
+from .config_files import data_section, read_config_file, resolve_config_path
+from .model import channels_mismatch
 from .mpp import MPP_PREFIX
-
-if TYPE_CHECKING:
-    from .config import TrainConfig
+from .overrides import GivenValues, labelled
+from .state import STATE_NAME
 
 # The paper's fine-tuning lengths (appendix B.1.1, Table 4) at batch 512: 500 steps for the small sets (Pets,
 # Flowers), 10k for CIFAR, 20k for ImageNet; as samples seen, so that another batch size sees as many.
@@ -74,7 +42,7 @@ MAX_EPOCHS = 10_000 * PAPER_BATCH / 50_000  # 102.4
 MIN_STEPS = 10
 WARMUP_FRACTION = 0.05  # 500 of the paper's 10k steps
 # Sources smaller than this are fine-tuned with AdamW, in batches that make several steps an epoch (module
-# docstring: measured on the digits)
+# docstring; benchmarks/finetune_digits.py compares the two recipes on such sources)
 SMALL_SOURCE = 1_000_000
 SMALL_SOURCE_STEPS_PER_EPOCH = 4
 OPTIMIZER_RECIPES: dict[str, dict[str, Any]] = {
@@ -102,9 +70,7 @@ CARRIED_RUN_KEYS = (
     "tensorboard",
 )
 CHECKPOINT_SUFFIXES = (".npz", ".safetensors", ".pth", ".pt", ".bin", ".ckpt")
-# A rough training rate of one CPU thread, in FLOP/s (fp32; the digits config runs at about 35 GFLOP/s on one
-# thread of a 2-core machine), for the duration a CPU run is told before it starts
-CPU_FLOPS_PER_THREAD = 40e9
+DEFAULT_EPOCHS = 10  # a run from scratch that gives no length
 
 
 def default_steps(num_train: int, batch_size: int) -> int:
@@ -135,30 +101,18 @@ def default_optimizer(ckpt: Checkpoint) -> str:
     return "adamw" if is_small(ckpt) else "sgd"
 
 
-# ------------------------------------------------------------------------------------------------ sources
-def init_from_checkpoint(model: nn.Module, source: str | Path | Checkpoint, num_classes: int) -> str:
-    """Load a checkpoint into model for fine-tuning; returns a one-paragraph report of what was adapted."""
-    try:
-        ckpt = source if isinstance(source, Checkpoint) else read_source(source)
-        # strict: weights that do not fit are an error listing them; an MPP head is never a classifier's
-        report = load_pretrained(model, ckpt, drop=(MPP_PREFIX,))
-    except UserError as e:
-        raise type(e)(f"run.init_from: {e} (model.name and its fields describe the model to fine-tune)") from None
-    reset_classifier = getattr(model, "reset_classifier", None)
-    if reset_classifier is not None:
-        reset_classifier(num_classes)  # a zero head, no pre-logits: the paper's fine-tuning head
-    lines = [line.strip() for line in str(report).splitlines()]
-    return "; ".join([*lines, f"head: a zero-initialised one for {num_classes} classes, no pre-logits"])
-
-
-def channels_mismatch(source: str, model_chans: int, data_chans: int) -> str:
-    """The one-line error for a fine-tune whose data.in_chans is not the source model's."""
-    kind = {1: "grey", 3: "RGB"}
-    return (
-        f"data.in_chans={data_chans}: run.init_from {source} holds a model for {model_chans}-channel "
-        f"({kind.get(model_chans, '?')}) images; leave data.in_chans out (the images are then converted to "
-        f"{model_chans} channels) or set data.in_chans={model_chans}"
-    )
+def run_length(cfg: TrainConfig, num_train: int) -> int:
+    """Optimizer steps of the run: schedule.steps, or schedule.epochs; with neither, a fine-tune takes the paper's
+    length for the data's size (``default_steps``) and a run from scratch DEFAULT_EPOCHS epochs."""
+    per_epoch = max(num_train // cfg.optim.batch_size, 1)
+    s = cfg.schedule
+    if s.steps is not None:
+        return s.steps
+    if s.epochs is not None:
+        return math.ceil(s.epochs * per_epoch)
+    if cfg.run.init_from:
+        return default_steps(num_train, cfg.optim.batch_size)
+    return math.ceil(DEFAULT_EPOCHS * per_epoch)
 
 
 def preprocessing_fields(ckpt: Checkpoint) -> dict[str, Any]:
@@ -179,7 +133,7 @@ def recipe_values(cfg: TrainConfig, given: set[str]) -> dict[str, Any]:
     from_source = [*(f"data.{k}" for k in PREPROCESSING_KEYS), "optim.name", "optim.batch_size"]
     if any(key not in given for key in from_source):
         try:
-            ckpt = read_source(cfg.run.init_from)
+            ckpt = read_checkpoint(cfg.run.init_from)
         except UserError as e:
             raise type(e)(f"run.init_from: {e}") from None
         out.update({f"data.{k}": v for k, v in preprocessing_fields(ckpt).items() if f"data.{k}" not in given})
@@ -226,8 +180,6 @@ def source_run_settings(source: str) -> dict[str, Any]:
     path = Path(source) / "config.yaml"
     if not path.is_file():
         return {}
-    from .config import read_config_file
-
     run = read_config_file(path).get("run") or {}
     if not isinstance(run, dict):
         raise UserError(f"{path}: the 'run' section must be a mapping of key: value")
@@ -243,87 +195,67 @@ def run_name(source: str) -> str:
     return f"finetune-{name or 'model'}"
 
 
+# ------------------------------------------------------------------------------------------------ loading
+def config_from_dict(
+    doc: dict[str, Any] | None,
+    overrides: Sequence[str] = (),
+    *,
+    origin: str | None = None,
+    listing: bool = False,
+) -> TrainConfig:
+    """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last).
+
+    A value ``???`` marks a key the user must supply (e.g. the data root of a shipped recipe). With run.init_from
+    set, every key of the fine-tuning recipe that neither doc nor overrides give is the recipe's
+    (``recipe_values``): a file's explicit values count as the user's. A length on the command line replaces
+    doc's length in the other unit (schedule.steps=400 over a file's schedule.epochs).
+
+    origin: where doc came from (a file's path), named in doc's errors; the overrides' errors name the command
+    line. listing: a ``???`` key is left at its default rather than refused (``vitkit config``), and the recipe
+    is resolved only once nothing is missing.
+    """
+    return _resolve(GivenValues.read(doc, overrides, origin), listing)
+
+
+def _resolve(given: GivenValues, listing: bool) -> TrainConfig:
+    """The config as given, then for a fine-tune with nothing missing the recipe in every key it leaves open."""
+    cfg = given.build(listing)
+    if not cfg.run.init_from or given.missing:
+        return cfg
+    filled = labelled(given.origin_of("run.init_from"), lambda: recipe_values(cfg, given.keys))
+    return given.build(listing, filled)
+
+
+def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -> TrainConfig:
+    """Load a YAML config (a path or a shipped name; default: digits) and apply overrides.
+
+    The run name defaults to the config's stem, so ``vitkit train`` writes to runs/digits (or runs/digits-1, ...).
+    An error names where its value came from: the file's path, or the command line.
+    """
+    return _load(path, overrides, listing=False)[0]
+
+
+def load_config_for_listing(
+    path: str | Path | None = None, overrides: Sequence[str] = ()
+) -> tuple[TrainConfig, list[str]]:
+    """load_config for ``vitkit config``: a key the file marks ``???`` and the overrides do not give is left at
+    its default and returned among the required keys, rather than refused."""
+    return _load(path, overrides, listing=True)
+
+
+def _load(path: str | Path | None, overrides: Sequence[str], listing: bool) -> tuple[TrainConfig, list[str]]:
+    path = resolve_config_path(str(path) if path is not None else "digits")
+    given = GivenValues.read(read_config_file(path), overrides, origin=str(path))
+    cfg = _resolve(given, listing)
+    if cfg.run.name is None:
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, name=path.stem))
+    if cfg.run.resume is True and (path.parent / STATE_NAME).is_file():  # a run's own config.yaml: that run
+        cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=str(path.parent)))
+    return cfg, given.missing if listing else []
+
+
 def finetune_config(source: str, data: str, overrides: Sequence[str] = ()) -> TrainConfig:
     """The whole fine-tuning run of ``vitkit finetune SOURCE --data DATA key=value ...`` (module docstring):
     the data, the source, a run name; every other value is the recipe's (``recipe_values``) or the user's."""
-    from .config import config_from_dict, data_section
-
     doc = {"data": data_section(data), "run": {"init_from": str(source), "name": run_name(source)}}
     return config_from_dict(doc, list(overrides))
-
-
-# ------------------------------------------------------------------------------------------------ the plan
-def format_duration(seconds: float) -> str:
-    """A duration as a person says it: seconds, minutes, hours or days."""
-    for unit, size, limit in (("s", 1, 90), ("min", 60, 90 * 60), ("hours", 3600, 48 * 3600)):
-        if seconds < limit:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds / 86400:.0f} days"
-
-
-def run_steps(cfg: TrainConfig, num_train: int) -> int:
-    """The run's optimizer steps as the engine counts them on one process (Trainer._run_length)."""
-    from .engine import DEFAULT_EPOCHS
-
-    per_epoch = max(num_train // cfg.optim.batch_size, 1)
-    s = cfg.schedule
-    if s.steps is not None:
-        return s.steps
-    if s.epochs is not None:
-        return math.ceil(s.epochs * per_epoch)
-    if cfg.run.init_from:
-        return default_steps(num_train, cfg.optim.batch_size)
-    return math.ceil(DEFAULT_EPOCHS * per_epoch)
-
-
-def describe_plan(cfg: TrainConfig) -> str:
-    """What a run will do, said before it starts: source, data, classes, images, optimizer, batch, steps,
-    warmup, resolution; on a CPU, the duration its FLOPs take at CPU_FLOPS_PER_THREAD (hours or days said
-    plainly). The duration measured on the first steps follows once training runs (vitkit.train.metrics.Pace)."""
-    import torch
-
-    from .engine import build_model
-
-    train_set, eval_set, info = build_datasets(cfg.data)
-    assert isinstance(train_set, Sized) and isinstance(eval_set, Sized)
-    source = read_source(cfg.run.init_from) if cfg.run.init_from else None
-    with torch.device("meta"):  # shapes only: no memory, no init time
-        model = build_model(cfg, info, source)
-    return plan_text(cfg, model, info, len(train_set), len(eval_set), run_steps(cfg, len(train_set)))
-
-
-def plan_text(cfg: TrainConfig, model: nn.Module, info: DatasetInfo, num_train: int, num_eval: int, steps: int) -> str:
-    """describe_plan's text for a run whose model and data are built already (the Trainer's, at its start)."""
-    import torch
-
-    from ..bench.flops import model_flops
-    from ..models import count_params
-
-    o, s, d = cfg.optim, cfg.schedule, cfg.data
-    what = f"fine-tuning {cfg.run.init_from}" if cfg.run.init_from else f"training {cfg.model.name} from scratch"
-    if cfg.run.objective == "mpp":  # no classes are learnt: the model is the ViT without its MPP head
-        what = f"pretraining {cfg.model.name} by masked patch prediction (no labels)"
-    extras = [f"layer decay {o.layer_decay:g}"] if o.layer_decay < 1 else []
-    extras += [f"mixup {d.mixup_alpha:g}"] if d.mixup_alpha > 0 else []
-    extras += [f"cutmix {d.cutmix_alpha:g}"] if d.cutmix_alpha > 0 else []
-    lines = [
-        f"{what} ({count_params(model):,} params) on {d.source}{f' ({d.root})' if d.root else ''}: "
-        f"{info.num_classes} classes, {num_train:,} train / {num_eval:,} eval images at {info.img_size} px",
-        f"  {o.name} lr {o.lr:g}, weight decay {o.weight_decay:g}{''.join(', ' + e for e in extras)}; batch "
-        f"{o.batch_size}{f' ({o.accum_steps} micro-batches)' if o.accum_steps > 1 else ''}; {steps:,} steps "
-        f"(warmup {s.warmup_steps}, {s.decay}); evaluated "
-        + (f"every {cfg.run.eval_every} steps" if 0 < cfg.run.eval_every < steps else "at the end"),
-    ]
-    device = cfg.run.device
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    if on_cpu:
-        threads = cfg.run.threads or torch.get_num_threads()
-        flops = 3 * model_flops(model, info.img_size)  # a training step: forward and backward
-        seconds = flops * o.batch_size * steps / (threads * CPU_FLOPS_PER_THREAD)
-        long = " -- a long job for a CPU; a GPU (run.device=cuda) is the place for it" if seconds > 3600 else ""
-        lines.append(
-            f"  on this CPU ({threads} thread{'s' if threads > 1 else ''}): about {format_duration(seconds)} by its "
-            f"FLOPs ({flops * o.batch_size / 1e9:.3g} GFLOP a step at ~{CPU_FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s a "
-            f"thread){long}"
-        )
-    return "\n".join(lines)

@@ -17,9 +17,10 @@ from ..data import DataConfig, build_datasets
 from ..errors import UserError
 from ..models import BiTConfig, ResNetConfig, ViTConfig
 from ..predict import Preprocessing, load_for_inference
-from .config import config_from_dict, data_section
+from .config_files import data_section
 from .distributed import pick_device
-from .engine import evaluate
+from .objectives import evaluate
+from .recipe import config_from_dict
 
 NO_DATA = "the checkpoint does not record its data; name it with --data (e.g. digits)"
 

@@ -14,10 +14,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import DataLoader, Dataset
 
+from ..data import TensorImageDataset, WebDatasetStream
 from ..device import seed_rng
 from ..errors import UserError
 
@@ -115,3 +117,39 @@ class SeededItems(Dataset):
         index, seed = key
         seed_rng(seed)
         return self.dataset[index]
+
+
+def run_batches(
+    ds: Dataset[Any], plan: StepPlan, start_step: int, total_steps: int, num_workers: int = 0, pin_memory: bool = False
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """This rank's micro-batches of steps [start_step, total_steps), in the plan's seeded order: in memory with
+    vectorised augmentation, as WebDataset shards (vitkit.data.wds), or through a DataLoader of seeded items."""
+    if isinstance(ds, TensorImageDataset):  # in memory: vectorised augmentation, no DataLoader
+        shard = plan.micro_batch_size // plan.world_size
+        rows = slice(plan.rank * shard, (plan.rank + 1) * shard)
+        epoch = start_step // plan.steps_per_epoch
+        perm = plan.permutation(epoch)
+        for step in range(start_step, total_steps):
+            if step // plan.steps_per_epoch != epoch:
+                epoch = step // plan.steps_per_epoch
+                perm = plan.permutation(epoch)
+            for micro in range(plan.accum_steps):
+                idx = plan.global_micro_batch(step, micro, perm)
+                seed_rng(mix_seed(plan.seed, step, micro, 0xA06))  # CPU tensors; the same on every rank
+                yield ds.augment_batch(ds.images[idx])[rows], ds.labels[idx][rows]
+        return
+    if isinstance(ds, WebDatasetStream):  # shards: the stream follows the same plan
+        yield from ds.batches(
+            batch_size=plan.batch_size,
+            accum_steps=plan.accum_steps,
+            world_size=plan.world_size,
+            rank=plan.rank,
+            seed=plan.seed,
+            start_step=start_step,
+            total_steps=total_steps,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+        )
+        return
+    sampler = SeededBatches(plan, start_step, total_steps)
+    yield from DataLoader(SeededItems(ds), batch_sampler=sampler, num_workers=num_workers, pin_memory=pin_memory)

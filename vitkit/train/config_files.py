@@ -1,0 +1,122 @@
+"""Config files: YAML read strictly (a key given twice is an error), the configs shipped in vitkit/configs, and
+what a command's ``--data`` names.
+
+A shipped config's header comment says what it is for, the command that runs it, its runtime and its result; its
+first line is the purpose ``vitkit train --help`` lists.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..data.config import SOURCES, source_section
+from ..errors import UserError, UserFileNotFoundError
+from .config import SECTIONS
+
+
+def shipped_configs() -> dict[str, Path]:
+    """The configs shipped in vitkit/configs, by stem: digits, vit_b16_pretrain, vit_b16_finetune, ..."""
+    folder = resources.files("vitkit") / "configs"
+    return {Path(p.name).stem: Path(str(p)) for p in folder.iterdir() if p.name.endswith(".yaml")}
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A YAML path, or the stem of a shipped config (``digits``)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    shipped = shipped_configs()
+    if name_or_path in shipped:
+        return shipped[name_or_path]
+    raise UserFileNotFoundError(
+        f"config {name_or_path!r}: no such file, and not a shipped config ({', '.join(shipped)})"
+    )
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load's loader, except that a key given twice in one mapping is an error.
+
+    PyYAML keeps the last of two equal keys without a word, so a second ``lr:`` under ``optim:`` would silently
+    override the first. Keys brought in by a merge (``<<: *defaults``) may still be overridden.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                earlier = first_line.get(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                continue
+            if earlier is not None:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"duplicate key {key!r} (first given on line {earlier})", problem_mark=key_node.start_mark
+                )
+            first_line[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error in one line: where and what (PyYAML's own text spans several, with a snippet of the file)."""
+    if isinstance(error, yaml.MarkedYAMLError) and error.problem_mark is not None:
+        mark = error.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    return " ".join(str(error).split())
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The sections of a YAML config file as plain values (safe_load's semantics, duplicate keys refused)."""
+    try:
+        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        raise UserError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
+    except UnicodeDecodeError as e:
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); a YAML config must be saved as UTF-8") from None
+    if doc is not None and not isinstance(doc, dict):
+        raise UserError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)})")
+    return doc or {}
+
+
+def data_section(data: str) -> dict[str, Any]:
+    """What ``--data`` names, as a data section: a source (digits, synthetic, folder, cifar10, cifar100), an image
+    folder ``DIR/<class>/<images>`` (the folder source with that root), or a training config .yaml (its data
+    section). One meaning for every command that takes ``--data``."""
+    path = Path(data)
+    if data in SOURCES:
+        return {"source": data}
+    if (prefixed := source_section(data)) is not None:  # hf:NAME, wds:PATTERN, manifest:FILE
+        return prefixed
+    if path.is_dir():
+        return {"source": "folder", "root": data}
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        section = read_config_file(path).get("data") or {}
+        if not isinstance(section, dict):
+            raise UserError(f"{path}: the 'data' section must be a mapping of key: value")
+        return dict(section)
+    raise UserError(
+        f"--data {data!r}: expected a source ({', '.join(SOURCES)}), an image folder, hf:NAME, wds:PATTERN, "
+        "manifest:FILE or a config .yaml file"
+    )
+
+
+def config_purpose(path: Path) -> str:
+    """A config file's one-line purpose: the first line of its header comment."""
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("#").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def describe_shipped_configs() -> str:
+    """The shipped configs, one a line: name and purpose (each YAML's header comment is the one source)."""
+    shipped = sorted(shipped_configs().items())
+    width = max(len(name) for name, _ in shipped)
+    return "\n".join(f"  {name:<{width}}  {config_purpose(path)}" for name, path in shipped)
