@@ -27,6 +27,7 @@ from vitkit.io import atomic_write_text
 REPO = Path(__file__).resolve().parents[2]
 # the instruction sets the benchmarks' kernels turn on: bf16 and int8 dot products, AMX tiles, AVX-512, AVX2
 FLAGS = ("amx_bf16", "amx_int8", "avx512_bf16", "avx512_vnni", "avx_vnni", "avx512f", "avx2")
+PEERS = ("transformers", "timm", "onnxruntime", "torchao")
 
 
 def command_line(script: str | Path, argv: Sequence[str] | None = None) -> str:
@@ -52,6 +53,9 @@ def machine() -> str:
     if torch.cuda.is_available():
         parts.append(f"GPU {torch.cuda.get_device_name()}")
     parts.append(f"torch {torch.__version__}, Python {platform.python_version()}, {platform.system()}")
+    peers = [f"{name} {getattr(sys.modules[name], '__version__', '?')}" for name in PEERS if name in sys.modules]
+    if peers:  # the peers this run compared, as imported
+        parts.append(", ".join(peers))
     return "; ".join(parts)
 
 

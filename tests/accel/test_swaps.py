@@ -18,6 +18,7 @@ from vitkit.accel.first_token import FirstTokenBlock, FirstTokenViT
 from vitkit.accel.kernels import TanhGELU, swap_gelus
 from vitkit.device import bf16_is_fast
 from vitkit.models import VisionTransformer
+from vitkit.models.vit import Mlp
 
 # Dense layers of sides >= MIN_SIDE: vitkit.accel's CPU layers run in training (the head's 5 outputs stay nn.Linear)
 BASE = dict(img_size=32, patch_size=8, width=MIN_SIDE, depth=2, num_heads=2, mlp_dim=2 * MIN_SIDE, num_classes=5)
@@ -234,7 +235,11 @@ def test_what_optimize_for_training_swaps_in_on_a_cpu():
     assert linears["blocks.0.attn.qkv"] is OneDnnLinear and linears["head"] is nn.Linear
     assert linears["blocks.0.mlp.fc1"] is nn.Linear  # 64 outputs
     assert all(type(m) is TanhGELU for m in model.modules() if isinstance(m, nn.GELU))
-    assert {type(b.mlp) for b in model.blocks} == {FusedMlp} and type(model.attn_pool.mlp) is FusedMlp
+    # an MLP whose second layer stays nn.Linear has nothing to fuse: it stays a plain Mlp
+    assert {type(b.mlp) for b in model.blocks} == {Mlp} and type(model.attn_pool.mlp) is Mlp
+    wide = plain_vit(classifier="map")
+    optimize_for_training(wide)
+    assert {type(b.mlp) for b in wide.blocks} == {FusedMlp} and type(wide.attn_pool.mlp) is FusedMlp
     assert not isinstance(model, FirstTokenViT)  # a MAP head reads every token
 
     exact = plain_vit(gelu="exact")
@@ -244,7 +249,7 @@ def test_what_optimize_for_training_swaps_in_on_a_cpu():
 
     small = plain_vit(width=64, num_heads=4, mlp_dim=128)  # the main job's widths: no layer of MIN_SIDE
     optimize_for_training(small)
-    assert not any(isinstance(m, OneDnnLinear) for m in small.modules())
+    assert not any(isinstance(m, (OneDnnLinear, FusedMlp)) for m in small.modules())
 
 
 def test_off_the_cpu_optimize_for_training_swaps_no_cpu_layer():

@@ -294,8 +294,9 @@ class FusedMlp(Mlp):
 
 
 def swap_for_training(model: nn.Module) -> int:
-    """Make model's nn.Linear layers of sides >= MIN_SIDE OneDnnLinear and its MLPs FusedMlp, in place (the same
-    modules and parameters, only their class changes); how many modules changed. No-op without oneDNN."""
+    """Make model's nn.Linear layers of sides >= MIN_SIDE OneDnnLinear and the MLPs whose second layer is one
+    FusedMlp, in place (the same modules and parameters, only their class changes); how many modules changed. No-op
+    without oneDNN."""
     if not has_onednn():
         return 0
     swapped = 0
@@ -303,7 +304,7 @@ def swap_for_training(model: nn.Module) -> int:
         if type(m) is nn.Linear and min(m.in_features, m.out_features) >= MIN_SIDE:
             m.__class__ = OneDnnLinear
             swapped += 1
-        elif type(m) is Mlp:
+        elif type(m) is Mlp and min(m.fc2.in_features, m.fc2.out_features) >= MIN_SIDE:  # where gelu_dense can run
             m.__class__ = FusedMlp
             swapped += 1
     return swapped
