@@ -1,7 +1,5 @@
-"""What each command of the command line takes: its arguments (``ARGUMENTS``: a function per command that declares
-them on its argparse parser), and how the items after them read: a config and its overrides, image files and
-``key=value`` items, the data and the model changes they ask for. cli.py runs the commands.
-"""
+"""What each command of the command line takes (``ARGUMENTS``: a function per command that declares its arguments),
+and how the items after them read: a config, overrides, image files, data and model changes."""
 
 from __future__ import annotations
 
@@ -28,9 +26,8 @@ def arguments(name: str) -> Callable[[AddArguments], AddArguments]:
 
 
 def image_files(items: Sequence[str]) -> list[str]:
-    """Image paths as given, a folder standing for the image files inside it (its subfolders too, hidden ones
-    skipped, sorted by path, as a folder data source reads them). A path that does not exist, or a folder
-    without images, is a UserError naming it."""
+    """Image paths as given, a folder standing for its image files (subfolders too, hidden ones skipped, sorted, as a
+    folder source reads them); a missing path, or a folder without images, is a UserError naming it."""
     from .data import IMAGE_EXTENSIONS
 
     files: list[str] = []
@@ -100,7 +97,6 @@ def model_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 def split_files(items: list[str]) -> tuple[list[str], list[str]]:
     """Positional items -> (files, key=value overrides): a key=value item that is not an existing file."""
-
     overrides = [i for i in items if re.match(r"^[A-Za-z_][\w.]*=", i) and not Path(i).exists()]
     return [i for i in items if i not in overrides], overrides
 

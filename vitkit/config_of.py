@@ -1,8 +1,5 @@
-"""The config of a vitkit model, typed: ``config_of(model)`` for any of them, ``vit_config_of(model)`` for a ViT.
-
-``nn.Module`` attributes are typed as tensors or modules, so code that takes any model reads its config here,
-where a model without a vitkit config is a UserError naming its type rather than an AttributeError later.
-"""
+"""The config of a vitkit model, typed (``nn.Module`` attributes are typed as tensors or modules): a model
+without a vitkit config is a UserError naming its type rather than an AttributeError later."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""What this machine can do, asked in one place: the CPU's instruction-set flags and usable cores, whether bf16 is
-native, and the autocast context for a precision name (``none`` / ``bf16`` / ``fp16``).
-
-Training, evaluation, few-shot features, the benchmark and the speed switches (vitkit.accel) all ask here, so that a
-run's precision means the same thing to each of them.
+"""What this machine can do, asked in one place so that a run's precision means the same to every part: the
+CPU's flags and usable cores, whether bf16 is native, and the autocast context for ``none`` / ``bf16`` / ``fp16``.
 """
 
 from __future__ import annotations
@@ -81,12 +78,7 @@ def cpu_autocast_is_bf16() -> bool:
 
 
 def seed_rng(seed: int, device: torch.device | None = None) -> None:
-    """Seed the generators that random draws for work on ``device`` use: the CPU's and, for a CUDA device, its own.
-
-    For those draws this does what torch.manual_seed does, without its cost where a backend is not initialised:
-    torch.manual_seed then records the call for later with a captured stack trace, once each for CUDA, XPU and
-    MTIA, about 80 us a call on a CPU-only machine. Paid per image and per step, that adds up.
-    """
+    """Seed the CPU's generator and a CUDA device's: torch.manual_seed's work, without its cost per backend."""
     torch.default_generator.manual_seed(seed)
     if device is not None and device.type == "cuda":
         with torch.cuda.device(device):

@@ -1,18 +1,15 @@
-"""The error a user can act on.
-
-Library code raises ``UserError`` (or one of its subclasses) for a mistake in what it was given: a path, a key,
-a value, a file's contents. The message names the file, key or value and says what was expected, in one line.
-The command line prints exactly that line and exits with status 2; every other exception is a bug (or an
-environment failure) and keeps its traceback.
-
-``UserError`` is a ValueError, and the subclasses are also the built-in errors their names say, so code that
-catches ValueError, FileNotFoundError or TypeError keeps working.
+"""The error a user can act on: ``UserError`` names the path, key, value or file contents and what was expected,
+in one line, which the command line prints before exiting with status 2; every other exception keeps its
+traceback. It is a ValueError, and its subclasses are also the built-in errors their names say.
 """
 
 from __future__ import annotations
 
+import contextlib
 import difflib
-from collections.abc import Callable, Sequence
+import logging
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 
 
 class UserError(ValueError):
@@ -34,8 +31,7 @@ def _normalised(name: str) -> str:
 
 
 def _similarity(a: str, b: str, loose: bool) -> float:
-    """difflib's ratio of two names; ``loose``: of the names normalised, the better of with and without their
-    separators (so that ``vit_b_16`` is as close to ``vit_b16`` as ``vitb16`` is)."""
+    """difflib's ratio of two names; ``loose``: of the names normalised, the better of with and without separators."""
     if not loose:
         return difflib.SequenceMatcher(None, a, b).ratio()
     a, b = _normalised(a), _normalised(b)
@@ -52,10 +48,8 @@ def did_you_mean(
     cutoff: float = 0.6,
     loose: bool = True,
 ) -> str:
-    """The one hint for a name vitkit does not know: "did you mean a, b, c?" with the three candidates most like
-    ``name`` (difflib similarity at least ``cutoff``, of the names normalised where ``loose``, as model names are
-    spelt many ways; ties go to the closer literal spelling, then to the candidates' order), each as ``show`` spells
-    it; ``otherwise`` where none is close."""
+    """The one hint for an unknown name: "did you mean a, b, c?" with the three candidates most like it (difflib
+    ratio >= ``cutoff``; ties to the closer literal spelling), each as ``show`` spells it; else ``otherwise``."""
 
     def spelt(candidate: str) -> float:
         return difflib.SequenceMatcher(None, name.lower(), candidate.lower()).ratio()
@@ -63,3 +57,17 @@ def did_you_mean(
     scored = sorted((-_similarity(name, c, loose), -spelt(c), i, c) for i, c in enumerate(candidates))
     close = [c for score, _, _, c in scored[:3] if -score >= cutoff]
     return f"did you mean {', '.join(map(show, close))}?" if close else otherwise
+
+
+@contextlib.contextmanager
+def quiet(logger: str, level: int = logging.CRITICAL + 1) -> Iterator[None]:
+    """A library's log lines below ``level`` and its warnings held back for one call (vitkit says what failed)."""
+    log = logging.getLogger(logger)
+    previous = log.level
+    log.setLevel(level)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        log.setLevel(previous)

@@ -4,8 +4,7 @@
     err = check_onnx(path, model, batch_sizes=(1, 3))
     path = export_onnx(model, "vit-int8.onnx", int8=True)   # MatMul weights int8 per channel (onnxruntime)
 
-The graph is traced by torch.export (torch.onnx.export(dynamo=True)) at a fixed image size; only the batch
-axis is symbolic. onnx, onnxscript and onnxruntime are optional dependencies (``pip install vitkit[onnx]``).
+The graph is traced by torch.export at a fixed image size; only the batch axis is symbolic.
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import copy
 import io
 import logging
 import tempfile
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -25,7 +23,7 @@ import torch
 from torch import nn
 
 from .config_of import config_of
-from .errors import UserError, UserFileNotFoundError
+from .errors import UserError, UserFileNotFoundError, quiet
 from .io import atomic_write
 from .optional import require
 from .preprocessing import Preprocessing, from_onnx_metadata, read_preprocessing
@@ -48,15 +46,8 @@ def export_onnx(
     int8: bool = False,
     preprocessing: Preprocessing | None = None,
 ) -> Path:
-    """Write model (fp32, eval) as ONNX with a dynamic batch axis; img_size defaults to the model's own.
-
-    The file's metadata_props carry the preprocessing record (``preprocessing``, else the model's own: [-1, 1]
-    pixels) at the exported size, and the class names: ``read_onnx_preprocessing(path)`` reads them back.
-
-    The file is written atomically (an interrupted export or a full disk leaves no partial file under the
-    name), and an existing file is replaced only with ``force``. ``int8``: the fp32 graph is then dynamically
-    quantised by onnxruntime (quantize_int8_onnx): its MatMul weights int8, as vitkit.accel.int8 has them.
-    """
+    """Write model (fp32, eval) atomically as ONNX with a dynamic batch axis, with its preprocessing record (default:
+    the model's own) at the exported size in metadata_props; an existing file is replaced only with ``force``."""
     config = config_of(model)
     size = config.img_size if img_size is None else img_size
     h, w = (size, size) if isinstance(size, int) else size
@@ -72,8 +63,8 @@ def export_onnx(
     model = _fp32_eval(model)
     example = torch.zeros(2, config.in_chans, h, w, device=next(model.parameters()).device)
     batch = torch.export.Dim("batch", min=1, max=4096)
-    quiet = contextlib.nullcontext() if verbose else _silenced()
-    with quiet, torch.no_grad():
+    silenced = contextlib.nullcontext() if verbose else _silenced()
+    with silenced, torch.no_grad():
         program = torch.onnx.export(
             model,
             (example,),
@@ -106,21 +97,14 @@ def read_onnx_preprocessing(path: str | Path) -> Preprocessing:
 
 
 def quantize_int8_onnx(src: str | Path, dst: str | Path) -> None:
-    """onnxruntime's dynamic quantisation of an fp32 graph: MatMul/Gemm weights int8 per output channel,
-    activations quantised to uint8 at run time from their range, integer accumulation.
-
-    Only the matmuls are quantised (the patch-embedding convolution stays fp32), as in vitkit.accel.int8,
-    whose activations are quantised per token rather than per tensor. Weights use 7 bits (``reduce_range``): a CPU
-    without VNNI multiplies uint8 by int8 in pairs summed to int16, which 8-bit weights can overflow, and the file
-    may run on any CPU.
-    """
+    """onnxruntime's dynamic quantisation of an fp32 graph's matmuls, as vitkit.accel.int8. Weights use 7 bits
+    (``reduce_range``): a CPU without VNNI sums uint8 x int8 pairs in int16, which 8-bit weights can overflow."""
     onnx = _require("onnx")
     _require("onnxruntime")
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = onnx.load(str(src))
-    # the exporter's shape annotations would go stale when the quantiser turns Gemm (transposed weight) into
-    # MatMul, and its shape inference then fails on them: let it infer every shape afresh
+    # the exporter's shape annotations go stale when the quantiser turns Gemm into MatMul: inferred afresh
     del graph.graph.value_info[:]
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)  # its advice to pre-process the graph is for static quantisation
@@ -140,15 +124,8 @@ def quantize_int8_onnx(src: str | Path, dst: str | Path) -> None:
 @contextlib.contextmanager
 def _silenced() -> Iterator[None]:
     """The exporter prints progress lines and warns about optional torchvision ops; keep the CLI output clean."""
-    logger = logging.getLogger("torch.onnx")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)
+    with quiet("torch.onnx", logging.ERROR), contextlib.redirect_stdout(io.StringIO()):
+        yield
 
 
 def _fp32_eval(model: nn.Module) -> nn.Module:
@@ -164,8 +141,7 @@ def onnx_session(path: str | Path, threads: int | None = None) -> Any:
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or torch.get_num_threads()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # no busy-waiting between runs: spinning threads would slow whatever runs next in the process (the bench
-    # alternates onnxruntime with torch)
+    # no busy-waiting between runs: spinning threads would slow whatever runs next (the bench alternates runtimes)
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not Path(path).is_file():
         raise UserFileNotFoundError(f"{path}: no such ONNX file")

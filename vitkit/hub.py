@@ -1,15 +1,10 @@
-"""Models by name, with weights, the way timm and Hugging Face users expect them: THE public loader.
+"""Models by name, with weights, the way timm and Hugging Face users expect them: THE public loader, joining the
+model table (vitkit.models) to the checkpoint readers (vitkit.checkpoint) and the released weights.
 
-``create_model("vit_b16", pretrained=True)`` builds ViT-B/16 with its default weights;
-``load_model("vit_b16.augreg_in21k")`` builds and loads released weights from their tag alone;
-``load_model("runs/digits")`` reads a checkpoint in any supported format; ``preprocess(model, images)`` turns
-image files or PIL images into the batch the weights expect.
-
-Names: a registered model (``list_models``), a tag ``<model>.<weights>`` (``list_pretrained``), or a timm or
-Hugging Face name of the same thing (vitkit.pretrained.names); a name of weights vitkit has no row for is an
-error, never another file. This module joins the model table (vitkit.models), which knows nothing of files, to
-the checkpoint readers (vitkit.checkpoint) and the released weights (vitkit.pretrained). A model it loads
-carries its weights' preprocessing record as ``model.preprocessing``, as timm's models carry ``pretrained_cfg``.
+``create_model("vit_b16", pretrained=True)`` builds a model with its default weights, ``load_model(name_or_path)``
+one from a tag or a checkpoint in any format, ``preprocess(model, images)`` the batch its weights expect. A name is
+a registered model, a tag ``<model>.<weights>`` or a timm / Hugging Face name of either; weights vitkit has no
+row for are an error, never another file. A loaded model carries its preprocessing as ``model.preprocessing``.
 """
 
 from __future__ import annotations
@@ -34,43 +29,26 @@ from .preprocessing import Preprocessing, read_preprocessing
 from .pretrained import PretrainedRow, get_pretrained, is_tag, read_pretrained
 from .pretrained.names import HF_NAMES, TIMM_ARCHS, Resolved, name_hint, resolve_name
 
-__all__ = [
-    "create_model",
-    "load_model",
-    "load_pretrained",
-    "preprocess",
-    "preprocessing_of",
-    "read_checkpoint",
-    "resolve_checkpoint",
-]
-
 PREPROCESSING_ATTR = "preprocessing"  # where a loaded model keeps its weights' record (timm: pretrained_cfg)
 
 
 def _is_known_name(text: str) -> bool:
-    """Whether a string is a name vitkit resolves (or explains): a registered or renamed model, a tag, or a timm /
-    Hugging Face name."""
+    """Whether vitkit resolves (or explains) this name: a registered or renamed model, a tag, a timm / HF name."""
     arch = text.partition(".")[0]
     known = (*registry.MODELS, *registry.RENAMED, *HF_NAMES, *TIMM_ARCHS)
     return text in known or arch in known or arch.lower() in registry.KNOWN_AS or is_tag(text)
 
 
 def _reads_as_name(text: str) -> bool:
-    """Whether an unknown string that is no existing path reads as a (misspelt) model name rather than a file: a
-    Hub organisation's name, or a word with neither a folder nor a file suffix."""
+    """Whether an unknown string that is no path reads as a misspelt name: a Hub name, or a bare word."""
     if text.startswith(("google/", "timm/")):
         return True
     return "/" not in text and os.sep not in text and not Path(text).suffix
 
 
 def _row_for(name_or_path: str | Path, model: str | None = None) -> PretrainedRow | None:
-    """The pretrained row a string names, or None when it is a path.
-
-    An existing path is a path. A tag ``<model>.<weights>``, a timm or Hugging Face name of weights, or a bare
-    model name (its default weights) gives its row; given ``model``, a bare weights name of it does too. An
-    unknown string that reads as a name is a UserFileNotFoundError (it is no file either) with the closest names;
-    anything else is left to the checkpoint readers as a path.
-    """
+    """The pretrained row a tag, a timm / HF name or a model name (its default weights) names, or with ``model``
+    a weights name of it; None for a path. An unknown string that reads as a name is a UserFileNotFoundError."""
     if not isinstance(name_or_path, str) or Path(name_or_path).exists():
         return None
     if model is not None and is_tag(f"{model}.{name_or_path}"):
@@ -87,8 +65,7 @@ def _row_for(name_or_path: str | Path, model: str | None = None) -> PretrainedRo
 
 
 def resolve_checkpoint(name_or_path: str | Path) -> str | Path | Checkpoint:
-    """What a command that takes a checkpoint reads: a path as it is (read later, with the command's overrides),
-    a pretrained tag or alias as its file read with its row's settings (downloaded on first use)."""
+    """What a command that takes a checkpoint reads: a path as it is, a tag or alias as its row's Checkpoint."""
     row = _row_for(name_or_path)
     return name_or_path if row is None else _read_row(row)
 
@@ -102,21 +79,17 @@ def create_model(
         name: a registered model (``"vit_b16"``), a tag (``"vit_b16.augreg_in21k"``: the architecture those
             weights need, their class count and resolution), or a timm / Hugging Face name
             (``"vit_base_patch16_384"``: vit_b16 at 384 pixels; ``"google/vit-base-patch16-224"``).
-        pretrained: ``False`` (or None) for random weights; ``True`` for the weights the name gives: a tag's or
-            an alias's own, else the model's default (``vitkit.pretrained.DEFAULT_WEIGHTS``: the recommended
-            ImageNet-1k fine-tune, e.g. ``vit_b16.augreg_in21k_ft_in1k``); or a string: a weights name of this
-            model (``"augreg_in21k_ft_in1k"``), a full tag, or a checkpoint path in any format
-            ``load_pretrained`` reads.
-        token_merge: tokens merged in each block (token merging, ToMe): a speed patch applied to the built
-            model from outside (vitkit.accel.tome); 0 leaves the model as the paper's.
+        pretrained: ``False`` (or None) for random weights; ``True`` for the weights the name gives, else the
+            model's default (``vitkit.pretrained.DEFAULT_WEIGHTS``: the recommended ImageNet-1k fine-tune); or a
+            weights name of this model (``"augreg_in21k_ft_in1k"``), a full tag, or a checkpoint path.
+        token_merge: tokens merged in each block (token merging, ToMe), a speed patch applied from outside
+            (vitkit.accel.tome); 0 leaves the model as the paper's.
         **overrides: config fields to change (``num_classes=10``, ``img_size=384``, ``dropout=0.1``).
 
     Returns:
-        The model (in training mode). With weights, it is first built the way they need (class count,
-        pre-logits layer, resolution; a timm architecture's resolution over theirs), then changed by the
-        overrides; position embeddings are resampled to the model's resolution and, for another class count,
-        the head is fresh; any other difference is an error listing the keys. A model with weights carries
-        their preprocessing record as ``model.preprocessing`` (see ``preprocess``).
+        The model (in training mode). With weights, it is built the way they need, then changed by the
+        overrides: position embeddings are resampled and, for another class count, the head is fresh; any other
+        difference is an error listing the keys. It carries the weights' preprocessing as ``model.preprocessing``.
 
     Raises:
         UserError: an unknown name (with the closest names), weights of another model, or weights the table
@@ -155,8 +128,7 @@ def _weights_of(
 
 
 def _merge_tokens(model: nn.Module, token_merge: int) -> None:
-    """Token merging on a built model, ``token_merge`` tokens a block: a speed patch that acts from outside the
-    model (vitkit.accel.tome, loaded only when asked for); 0 leaves the model as it is."""
+    """Token merging (vitkit.accel.tome, imported only when asked for), ``token_merge`` tokens a block; 0: none."""
     if not token_merge:
         return
     if not isinstance(model, VisionTransformer):
@@ -167,8 +139,7 @@ def _merge_tokens(model: nn.Module, token_merge: int) -> None:
 
 
 def _keep_preprocessing(model: nn.Module, metadata: Mapping[str, Any], source: str) -> None:
-    """Keep the loaded weights' preprocessing record on the model this module has just built (its own object:
-    nothing another module holds is changed). Class names that do not fit the model's head are left out."""
+    """Keep the weights' preprocessing record on the model just built, without class names that miss its head."""
     prep = read_preprocessing(metadata, config_of(model).to_dict(), source)
     if prep.class_names is not None and len(prep.class_names) != config_of(model).num_classes:
         prep = replace(prep, class_names=None)
@@ -176,23 +147,19 @@ def _keep_preprocessing(model: nn.Module, metadata: Mapping[str, Any], source: s
 
 
 def read_checkpoint(name_or_path: str | Path) -> Checkpoint:
-    """A checkpoint by path or pretrained tag, read into vitkit's naming: for a tag, with what the table says of
-    its weights (config fields the file leaves unsaid, class names, preprocessing) over what the file says."""
+    """A checkpoint by path or pretrained tag (the table's word over the file's), read into vitkit's naming."""
     row = _row_for(name_or_path)
     return loader.read_checkpoint(name_or_path) if row is None else _read_row(row)
 
 
-# config fields a weights file may leave unsaid (a bare timm state dict: its head count and GELU); for a tag
-# the table's values are passed, so nothing is guessed and load_model builds what create_model builds
+# config fields a weights file may leave unsaid (a bare timm state dict's), for a tag the table's: never guessed
 _UNSTATED = ("num_heads", "gelu", "ln_eps")
 
 
 def _read_row(row: PretrainedRow) -> Checkpoint:
-    """The one place a pretrained row's settings meet its file: the config fields the file leaves unsaid (no
-    longer guessed), and the row's preprocessing, classes and provenance over the file's own metadata."""
+    """A row's file with the config fields it leaves unsaid, and the row's metadata over the file's own."""
     ckpt = read_pretrained(row)  # the row's file, checked against the row
-    stated = {k: v for k, v in row.config.items() if k in _UNSTATED}
-    ckpt.config.update(stated)
+    ckpt.config.update({k: v for k, v in row.config.items() if k in _UNSTATED})
     ckpt.guessed = {k: v for k, v in ckpt.guessed.items() if k not in row.config}
     ckpt.metadata = {**ckpt.metadata, **row.metadata()}
     return ckpt
@@ -216,8 +183,7 @@ def load_pretrained(
         drop: parameter names to leave out of the load.
 
     Returns:
-        The LoadReport: what was loaded, resampled (position embeddings), reset (a head for another class count).
-        See vitkit.checkpoint.loader.read_into for what is adapted and what is an error.
+        The LoadReport: what was resampled and reset (see vitkit.checkpoint.loader.read_into).
     """
     row = None if isinstance(source, Checkpoint) else _row_for(source)
     ckpt = _read_row(row) if row is not None else source
@@ -279,19 +245,16 @@ def load_model(
             ``"google/vit-base-patch16-224"``), a registered model (its default weights, as
             ``create_model(name, pretrained=True)``), a checkpoint path in any supported format
             (``"ViT-B_16.npz"``, ``"runs/digits"``), or a read Checkpoint.
-        return_metadata: also return the checkpoint's metadata; for released weights, what the table says of them
-            (class names, preprocessing, source, licence) over what the file says of itself.
+        return_metadata: also return the checkpoint's metadata (for released weights, the table's over the file's).
         format: the checkpoint format, when it cannot be told from the file.
         return_report: also return the LoadReport (what was resampled, reset or dropped).
-        token_merge: tokens merged in each block (token merging, as ``create_model``'s); None: what the file
-            says (a config an older vitkit saved with token merging), else none.
+        token_merge: tokens merged in each block (as ``create_model``'s); None: what the file says, else none.
         **overrides: config fields to change (``img_size=384``, ``num_classes=10``); ``drop`` and ``tower``
             pass through to vitkit.checkpoint.loader.read_model.
 
     Returns:
-        The model, then the metadata with return_metadata, then the LoadReport with return_report (a tuple when
-        either is asked for). The config comes from the file (and the table), loading is strict; the model
-        carries the weights' preprocessing record as ``model.preprocessing``.
+        The model (its config from the file, loaded strictly, its preprocessing as ``model.preprocessing``), then
+        the metadata with return_metadata, then the LoadReport with return_report (a tuple when either is asked).
 
     Raises:
         UserError: an unknown name (with the closest names), weights the table does not hold, or a checkpoint
@@ -322,14 +285,12 @@ def preprocessing_of(source: nn.Module | str | Path | Checkpoint | Preprocessing
     """The preprocessing record of a model or of weights: what images the weights expect.
 
     Args:
-        source: a model built by ``create_model`` / ``load_model`` (its ``model.preprocessing``; a model with no
-            record gets the paper's [-1, 1] pixels at its own resolution), a tag or a timm / Hugging Face name
-            of released weights (the table's record, nothing downloaded), a checkpoint path or a read Checkpoint
-            (the file's record), or a Preprocessing itself.
+        source: a model (its ``model.preprocessing``, else the paper's [-1, 1] pixels at its resolution), a tag or
+            a timm / Hugging Face name (the table's record, nothing downloaded), a checkpoint path or a read
+            Checkpoint (the file's record), or a Preprocessing itself.
 
     Returns:
-        The one record (vitkit.preprocessing.Preprocessing): size, mean / std, crop fraction, interpolation,
-        channels, class names.
+        The one record (vitkit.preprocessing.Preprocessing).
     """
     if isinstance(source, Preprocessing):
         return source
@@ -380,9 +341,8 @@ def preprocess(
             Files are decoded as 8-bit RGB (EXIF orientation applied, alpha composited onto white).
 
     Returns:
-        A float32 tensor (B, C, H, W): each image resized (the whole image to the square input, or for a crop
-        fraction below 1 the short side, then a centre crop; bilinear), scaled to [0, 1] and normalised with
-        the record's mean and std.
+        A float32 tensor (B, C, H, W): each image resized bilinearly (and centre-cropped for a crop fraction
+        below 1), scaled to [0, 1] and normalised with the record's mean and std.
 
     Raises:
         UserError: an unreadable image, an empty folder, or a record whose input is not square.

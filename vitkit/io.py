@@ -1,17 +1,10 @@
 """Files that are never half-written, shared or written through a link: atomic writes and a one-process lock.
 
-``atomic_write`` (a temp file in the same directory, fsync, rename) is used by every writer of the package, so an
-interrupted write leaves the previous file (or none) under the final name, never a truncated one.
-``DirectoryLock`` keeps a run directory to one live process. Nothing here writes through a link it did not make
-(O_NOFOLLOW; a rename replaces a link planted under the final name), while links to directories are honoured.
-
-When the system refuses a write (full disk, quota, read-only mount, permissions, file-size limit, I/O error)
-the error is one line naming the final file and the reason, nothing is replaced, and what the write made is
-removed. A refusal is an OSError whose errno is one of ``REFUSED`` (or ``BAD_PATH``), in the exception or along
-its cause / context chain; or, for libraries that wrap it in their own type (safetensors' "os error 28"), an
-errno read from the message that the target filesystem confirms (``_confirmed``: no free space, read-only,
-not writable, over the file-size limit; EIO never from a message alone). Anything else keeps its traceback:
-it is a bug, not the user's to fix.
+``atomic_write`` (a temp file in the same directory, fsync, rename), used by every writer of the package, leaves
+the previous file (or none) under the final name when interrupted; ``DirectoryLock`` keeps a run directory to one
+live process. A write the system refuses is one line naming the file and the reason: an OSError with an errno of
+``REFUSED`` or ``BAD_PATH`` along the exception's cause / context chain, or an errno in a wrapping library's
+message that the filesystem confirms (``_confirmed``). Anything else keeps its traceback: it is a bug.
 """
 
 from __future__ import annotations
@@ -28,25 +21,18 @@ from typing import ClassVar
 
 from .errors import UserError
 
-# the system refused the write: the user's to fix (free space, quota, a read-only mount, permissions, a file-size
-# limit, a failing disk)
+# the system refused the write: the user's to fix (free space, quota, read-only, permissions, size limit, disk)
 REFUSED = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG, errno.EIO})
-# the final name cannot hold a file (a directory there, a file where a directory should be, a name too long);
-# taken only from a real OSError, never from a message
+# the final name cannot hold a file (a directory there, a name too long): from a real OSError, never a message
 BAD_PATH = frozenset({errno.EISDIR, errno.ENOTDIR, errno.ENAMETOOLONG, errno.ELOOP, errno.EEXIST})
 
-# an errno in a library's message: Rust's io::Error ("(os error 28)", "Os { code: 28, ...}"), Python's
-# "[Errno 28]", and the plain "errno 28" / "errno=28"
+# an errno in a library's message: Rust's io::Error, Python's "[Errno 28]", and the plain "errno 28" / "errno=28"
 _ERRNO_IN_TEXT = re.compile(r"\(os error (\d+)\)|\bOs \{ code: (\d+)|\[Errno (\d+)\]|\berrno[ =:]+(\d+)", re.I)
 
 
 def atomic_write(path: str | Path, write_fn: Callable[[str], object], *, size: int | None = None) -> None:
-    """Call write_fn(tmp_path) and rename the result onto path; the old file stays intact on failure.
-
-    ``size``: about how many bytes write_fn writes, where the caller knows it (the tensors of a safetensors
-    file); it lets a full disk that a library reports only in its message be confirmed against the free space.
-    A symbolic link at ``path`` is replaced by the new file; its target is left as it was.
-    """
+    """Call write_fn(tmp_path) and rename the result onto path; the old file stays intact on failure. ``size``
+    (the bytes written, where known) confirms a full disk a library reports only in its message."""
     path = Path(path)
     created: list[Path] = []
     tmp: str | None = None
@@ -225,8 +211,7 @@ def _confirmed(code: int, directory: Path, attempted: int) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- leftovers
-# Every temporary name vitkit's writers use beside their final file, and so what a process killed mid-write can
-# leave behind. Nothing else is touched.
+# Every temporary name vitkit's writers use beside their final file: what a process killed mid-write can leave.
 TEMP_FILES = (
     # atomic_write: tempfile.mkstemp(prefix=".NAME.", suffix=".tmp"), 8 characters of tempfile's alphabet
     re.compile(r"\..+\.[a-z0-9_]{8}\.tmp"),
@@ -250,11 +235,7 @@ def _is_temp_dir(path: Path) -> bool:
 
 
 def remove_stale_temp_files(directory: str | Path) -> list[Path]:
-    """Delete what writers killed mid-way left in directory (``TEMP_FILES``, ``TEMP_DIRS``); returns what went.
-
-    Only regular files and directories are removed, never a link. Only call this for a directory no other live
-    process writes to (a run directory under its lock).
-    """
+    """Delete what killed writers left in a directory no live process writes to (never a link); returns it."""
     removed = []
     with os.scandir(directory) as entries:
         for entry in entries:
@@ -272,21 +253,12 @@ def remove_stale_temp_files(directory: str | Path) -> list[Path]:
 class DirectoryLock:
     """An exclusive lock on a directory for the life of one process: ``DirectoryLock(run_dir).acquire()``.
 
-    The lock is a POSIX record lock (``lockf``) on the file ``.lock`` inside it, which holds the owner's pid.
-    The kernel drops it when its process ends, however it ends, so a lock left by a killed process is simply
-    taken over; a live owner makes ``acquire`` fail at once with a UserError naming the directory and the pid.
-    Record locks belong to the process, not to its open files, so DataLoader workers forked while the lock is
-    held do not keep it alive after their parent lets go (and their copy of it never removes the file).
-    The flip side: closing any descriptor of ``.lock`` drops the owner's lock, so the owning process must never
-    open that file itself (its pid is for other processes to read).
-
-    ``release`` removes the file, so a finished run holds no ``.lock``. It unlinks while still holding the
-    lock, and ``acquire`` checks after locking that ``.lock`` is still the file it locked (same inode): a
-    process that opened the old file just before it went locks an orphan, sees that, and starts again on the
-    new one, so two processes can never both believe they hold the directory.
-
-    ``.lock`` is opened with O_NOFOLLOW and must be a regular file with no other links: a symbolic or hard link
-    planted there is refused (a UserError naming it), its target untouched.
+    A POSIX record lock (``lockf``) on ``.lock`` inside it, which holds the owner's pid: the kernel drops it when
+    its process ends, however it ends, and forked DataLoader workers do not keep it alive. The flip side: closing
+    any descriptor of ``.lock`` drops the lock, so the owner must never open that file itself. A live owner makes
+    ``acquire`` fail at once with a UserError naming the pid. ``release`` unlinks the file while still holding
+    the lock, and ``acquire`` checks after locking that ``.lock`` is still the file it locked, so two processes
+    never both hold the directory. A symbolic or hard link planted at ``.lock`` is refused.
     """
 
     NAME = ".lock"

@@ -3,9 +3,7 @@
     onnx = require("onnx", "ONNX export")   # the module, or MissingDependencyError:
     # "ONNX export needs the onnx package: pip install 'vitkit[onnx]'"
 
-The extras are pyproject's optional-dependencies (onnx, bench, augment, tensorboard, hf, wds; dev for development-only
-tools). A missing package is a user's to install, so the error is a UserError (one line, exit status 2 on the
-command line); it is also an ImportError, so code that catches ImportError keeps working.
+A missing package is the user's to install, so the error is a UserError; it is also an ImportError.
 """
 
 from __future__ import annotations
@@ -46,11 +44,7 @@ def install_hint(module: str) -> str:
 
 
 def require(module: str, purpose: str) -> ModuleType:
-    """Import an optional module, or raise MissingDependencyError naming ``purpose`` and the pip line.
-
-    ``purpose`` says what needs it, as the user asked for it: "ONNX export", "--compare hf" (after the benchmark
-    script's "bench_vit.py: error: "), "run.tensorboard=true".
-    """
+    """Import an optional module, or raise MissingDependencyError naming ``purpose`` and the pip line."""
     hint = install_hint(module)  # an unknown module is a bug here, found before any import is tried
     try:
         __import__(module)  # the import statement's own road (what a test that hides a package replaces)

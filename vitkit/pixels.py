@@ -1,8 +1,5 @@
-"""Pixels from model inputs: the data's normalisation undone, and an image cut into its patches.
-
-Masked patch prediction's targets, RandAugment (which works on pixels in [0, 1]) and the figures of ``vitkit
-inspect`` and ``vitkit predict`` all read pixels through these two functions.
-"""
+"""Pixels from model inputs, for masked patch prediction, RandAugment and figures: the data's normalisation
+undone, and an image cut into its patches."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ def unnormalise(
 
 
 def patches_of(images: torch.Tensor, patch: tuple[int, int]) -> torch.Tensor:
-    """(B, C, H, W) -> (B, N, C, ph, pw) in the token order of the patch embedding (row-major); a border that
-    does not fill a patch is dropped, as the patch embedding drops it."""
+    """(B, C, H, W) -> (B, N, C, ph, pw) in the patch embedding's token order, dropping a partial border as it."""
     B, C, H, W = images.shape
     ph, pw = patch
     gh, gw = H // ph, W // pw

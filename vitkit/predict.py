@@ -1,10 +1,7 @@
 """Classify image files with a trained model: top-k classes with probabilities.
 
-The preprocessing is the model's evaluation preprocessing: image size, per-channel mean / std, channel count
-and crop fraction are the checkpoint's one record of them (vitkit.preprocessing), read from its metadata;
-without one the paper's [-1, 1] scaling (mean = std = 0.5) at the model's own image size is used.
-Files are decoded and classified in batches; a file that cannot be read is reported in its result and the
-others are still classified.
+Images are preprocessed as the checkpoint's record says (vitkit.preprocessing) and classified in batches; a file
+that cannot be read is reported in its result and the others are still classified.
 """
 
 from __future__ import annotations
@@ -40,9 +37,7 @@ class Prediction:
 
 
 def load_for_inference(path: str | Path, **overrides: Any) -> tuple[nn.Module, Preprocessing, dict[str, Any]]:
-    """(model in eval mode, its preprocessing, its metadata) from a checkpoint in any supported format or a
-    pretrained tag (``vit_b16.augreg_in21k_ft_in1k``: downloaded on first use, preprocessed as its table row says).
-    A model whose input is not square is a UserError (vitkit's image transform makes squares)."""
+    """(model in eval mode, its preprocessing, its metadata) of a checkpoint or tag; its input must be square."""
     model, metadata = load_model(path, return_metadata=True, **overrides)
     prep = read_preprocessing(metadata, config_of(model).to_dict(), source=str(path))
     prep.square_size(str(path))

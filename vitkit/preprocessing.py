@@ -1,13 +1,7 @@
 """What a checkpoint expects as input and what its outputs are called: one record, ``Preprocessing``, and one
-function that reads it, ``read_preprocessing(metadata, model_config)``.
-
-Every command (predict, eval, few-shot, inspect, fine-tune) and exporter goes through that function, so a record
-is written once by whoever creates the checkpoint and read the same way everywhere. Each format spells it its own
-way and its reader turns the spelling into these names (``stated`` fields only): vitkit's config.json metadata
-(``to_dict``), the pretrained table (``PretrainedRow.preprocessing``), Hugging Face's preprocessor_config.json
-(``from_hf_processor``), timm's pretrained_cfg (``from_timm_config``), ONNX metadata_props (``from_onnx_metadata``).
-What no one states is the official code's: the whole image resized bilinearly to the model's own resolution,
-pixels in [-1, 1] (mean = std = 0.5), as vit_jax and big_vision evaluate.
+function that reads it, ``read_preprocessing(metadata, model_config)``, through which every command and exporter
+goes; each format's reader turns its own spelling into the record's names. What no one states is the official
+code's: the whole image resized bilinearly to the model's resolution, pixels in [-1, 1] (mean = std = 0.5).
 
 mean / std are per channel in [0, 1] pixel units. ``crop_fraction`` 1 resizes the whole image to the square
 input; below 1 the short side is resized to ``img_size / crop_fraction`` and the centre cropped.
@@ -27,8 +21,7 @@ from .pixels import unnormalise
 
 HALF = 0.5  # the paper's pixels in [-1, 1]: (x / 255 - 0.5) / 0.5
 INTERPOLATIONS = ("bilinear", "bicubic", "nearest")
-# Where preprocessing fields may sit inside checkpoint metadata: at the top level, or under one of these keys
-# (older vitkit checkpoints and hand-written ones nest their DatasetInfo).
+# keys under which older vitkit checkpoints and hand-written ones nest their preprocessing fields
 NESTED_KEYS = ("data_info", "dataset_info", "dataset", "info", "data")
 ONNX_KEY = "vitkit.preprocessing"
 # PIL's resampling codes, as transformers' image processors store them
@@ -101,11 +94,8 @@ class Preprocessing:
         return unnormalise(x, self.mean, self.std).permute(1, 2, 0)
 
     def data_fields(self, metadata: Mapping[str, Any]) -> dict[str, Any]:
-        """The fields of a training config's data section this record sets (img_size, mean, std, eval crop).
-
-        mean / std the checkpoint's metadata does not state stay the paper's one value (0.5) for every channel,
-        so that data with another channel count (digits: 1) still takes them.
-        """
+        """The fields of a training config's data section this record sets (img_size, mean, std, eval crop); mean
+        / std the metadata does not state stay one value (0.5), so data with another channel count takes them."""
         said = stated(metadata)
         out: dict[str, Any] = {
             "img_size": self.size[0],
@@ -121,12 +111,8 @@ class Preprocessing:
 
     # ----------------------------------------------------------------------------------- other formats
     def to_hf_processor(self) -> dict[str, Any]:
-        """preprocessor_config.json for transformers' AutoImageProcessor (and so its pipelines).
-
-        The whole image resized (crop fraction 1) is ViTImageProcessor; a centre crop below 384 pixels is
-        ConvNextImageProcessor's crop_pct (short side to size / crop_pct, then the centre), the same rule up to
-        the long side's last pixel (transformers truncates it, vitkit rounds it).
-        """
+        """preprocessor_config.json for transformers' AutoImageProcessor: ViTImageProcessor, or for a centre crop
+        below 384 pixels ConvNextImageProcessor's crop_pct (the same rule, up to the long side's last pixel)."""
         common: dict[str, Any] = dict(
             do_resize=True,
             resample=PIL_RESAMPLE[self.interpolation],
@@ -189,7 +175,7 @@ def stated(metadata: Mapping[str, Any]) -> dict[str, Any]:
     return {}
 
 
-def _channel_stats(value: Any, in_chans: int, name: str, source: str) -> list[float]:
+def channel_stats(value: Any, in_chans: int, name: str, source: str) -> list[float]:
     """A mean or std given as one number or one per channel -> ``in_chans`` floats."""
     try:
         values = [float(value)] * in_chans if isinstance(value, (int, float)) else [float(v) for v in value]
@@ -217,13 +203,8 @@ def read_preprocessing(
     model_config: Mapping[str, Any] | None = None,
     source: str = "checkpoint metadata",
 ) -> Preprocessing:
-    """The record of weights: what their metadata states (see ``stated``), the defaults for the rest.
-
-    ``model_config`` is the config of the model the weights are for (a dict, as ``config.to_dict()`` or a
-    Checkpoint's): its image size is the default, and a ViT without dynamic image size, which takes exactly its
-    own resolution (perhaps re-sized after training), keeps its size over the metadata's; a channel count that
-    contradicts the model's is an error naming ``source``. Without one, the metadata must state img_size.
-    """
+    """The record of weights: what their metadata states, the defaults for the rest. ``model_config`` gives the
+    default size (a ViT's own, without dynamic image size) and the channels (a contradiction is a UserError)."""
     info, config = stated(metadata or {}), model_config or {}
     model_size = None if config.get("img_size") is None else _size(config["img_size"], source)
     size = info.get("img_size", model_size)
@@ -238,8 +219,8 @@ def read_preprocessing(
     names = info.get("class_names")
     return Preprocessing(
         img_size=_size(size, source),
-        mean=_channel_stats(info.get("mean", HALF), chans, "mean", source),
-        std=_channel_stats(info.get("std", HALF), chans, "std", source),
+        mean=channel_stats(info.get("mean", HALF), chans, "mean", source),
+        std=channel_stats(info.get("std", HALF), chans, "std", source),
         in_chans=chans,
         crop_fraction=float(info.get("crop_fraction", 1.0)),
         interpolation=str(info.get("interpolation", "bilinear")),
@@ -274,8 +255,7 @@ class DataInfo(Protocol):
 
 
 def from_data_info(info: DataInfo) -> Preprocessing:
-    """The record a training run writes into its checkpoint's metadata (``{**record.to_dict(), ...}``): the
-    data's evaluation preprocessing and classes."""
+    """The record of a training run's data, written into its checkpoint's metadata."""
     return Preprocessing(
         img_size=info.img_size,
         mean=[float(v) for v in info.mean],
@@ -287,11 +267,7 @@ def from_data_info(info: DataInfo) -> Preprocessing:
 
 
 def from_hf_processor(doc: Mapping[str, Any], source: str = "preprocessor_config.json") -> dict[str, Any]:
-    """The fields a transformers preprocessor_config.json states, in the record's names.
-
-    A {height, width} or shortest_edge size, image_mean / image_std, crop_pct (ConvNext's rule) and the
-    resampling filter; rescaling by 1/255 is the record's own unit and anything else is refused.
-    """
+    """The fields a transformers preprocessor_config.json states, in the record's names (x / 255 pixels only)."""
     out: dict[str, Any] = {}
     if doc.get("do_rescale", True) and abs(float(doc.get("rescale_factor", 1 / 255)) - 1 / 255) > 1e-12:
         raise UserError(f"{source}: rescale_factor={doc.get('rescale_factor')}; vitkit's pixels are x / 255")
@@ -319,8 +295,7 @@ def from_hf_processor(doc: Mapping[str, Any], source: str = "preprocessor_config
 
 
 def from_timm_config(doc: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The fields a timm config.json states (pretrained_cfg: input_size, mean, std, crop_pct, interpolation;
-    label_names at the top or in pretrained_cfg), in the record's names."""
+    """The fields a timm config.json states (its pretrained_cfg and label_names), in the record's names."""
     if not doc:
         return {}
     pretrained = doc.get("pretrained_cfg") or {}

@@ -321,13 +321,9 @@ def _copy_sharing_packed(layer: nn.Module, memo: dict[int, Any]) -> nn.Module:
 
 
 class PackedLinear(nn.Module):
-    """An nn.Linear for CPU inference whose weight is pre-packed once in oneDNN's blocked layout; with ``gelu``
-    (the nn.GELU after it) it computes ``gelu(linear(x))``, the GELU applied by oneDNN to the matmul's output.
-
-    An nn.Linear on the CPU multiplies through BLAS (MKL's sgemm in fp32) or, in bf16, through oneDNN with its
-    weight reordered into oneDNN's layout on every call; packed once, each call is one oneDNN matmul with the bias
-    (and the GELU) applied in it. For inference only: no gradient flows through it.
-    """
+    """An nn.Linear for CPU inference, its weight packed once in oneDNN's layout (rather than MKL's sgemm in fp32, or a
+    reorder on every call in bf16): one oneDNN matmul a call, the bias and, with ``gelu`` (the nn.GELU after it), the
+    GELU applied inside it. No gradient flows through it."""
 
     def __init__(self, linear: nn.Linear, gelu: nn.GELU | None = None) -> None:
         super().__init__()
@@ -357,14 +353,9 @@ def can_pack_linears(device: torch.device, dtype: torch.dtype = torch.float32) -
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
-    """A copy of a frozen CPU model in which every nn.Linear is a PackedLinear, an MLP's GELU fused into its
-    first layer; the model is untouched.
-
-    The copy shares every parameter and buffer with the model (the packed weights are its only new weights), so
-    it is the model's function, to the rounding of another matmul kernel, as long as the model's weights stay
-    as they were. Subclasses of nn.Linear (LoRA, quantised layers, nn.MultiheadAttention's projection, which
-    is read by weight) and layers with hooks (which the replacement would not run) are left as they are.
-    """
+    """A copy of a frozen CPU model (``shared_copy``) in which every nn.Linear is a PackedLinear, an MLP's GELU fused
+    into its first layer. Subclasses of nn.Linear (LoRA, quantised layers, nn.MultiheadAttention's projection, read
+    by weight) and layers with hooks (which the replacement would not run) are left as they are."""
     packed = shared_copy(model)
     for mlp in [m for m in packed.modules() if isinstance(m, Mlp)]:
         if _plain_linear(mlp.fc1) and isinstance(mlp.act, nn.GELU) and not has_hooks(mlp.act):

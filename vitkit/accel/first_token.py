@@ -57,18 +57,11 @@ class FirstTokenViT(VisionTransformer):
 def applies(model: object) -> bool:
     """Whether first_token_forward changes model: a VisionTransformer as built (or already patched) whose head reads
     the first token, without gradient checkpointing (whose recomputation runs after forward() has returned)."""
-    if not isinstance(model, VisionTransformer) or type(model) not in (VisionTransformer, FirstTokenViT):
+    if type(model) not in (VisionTransformer, FirstTokenViT):
         return False
-    cfg = model.config
-    return (
-        cfg.classifier in ("token", "first")
-        and not cfg.grad_checkpointing
-        and type(model.blocks[-1])
-        in (
-            Block,
-            FirstTokenBlock,
-        )
-    )
+    vit = cast(VisionTransformer, model)
+    heads_first = vit.config.classifier in ("token", "first")
+    return heads_first and not vit.config.grad_checkpointing and type(vit.blocks[-1]) in (Block, FirstTokenBlock)
 
 
 def first_token_forward(model: VisionTransformer, always: bool = False) -> bool:

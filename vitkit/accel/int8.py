@@ -47,14 +47,10 @@ _EPS = float(torch.finfo(torch.float32).tiny)
 class Int8Linear(nn.Module):
     """An nn.Linear for inference in int8: ``y = (q(x) @ q(W)^T) * s_x * s_w + b``.
 
-    Weights are symmetric int8 per output channel, ``s_w = max|W_o,:| / 127``. Activations are symmetric int8 per
-    token (per row of the input flattened to 2-D), ``s_x = max|x_t| / 127``, computed at each call, so that a
-    token's rounding error follows its own range and not the largest in the batch. The products sum exactly in
-    int32 in oneDNN's int8 matmul on the weight packed once in its blocked layout (torch.ops.onednn's qlinear, the
-    kernel of torch's own x86 int8 lowering): the activations go in shifted by 128 to unsigned bytes, the form its
-    VNNI kernels multiply, and it takes the shift back exactly in int32 and applies s_w; s_x and the bias follow.
-    Written in plain tensor ops around that one call, so torch.compile fuses the quantisation into the op before it
-    (LayerNorm, GELU) and the rescale into the op after it (benchmarks/int8_ceiling.py).
+    Weights symmetric int8 per output channel (``s_w = max|W_o,:| / 127``), activations per token at each call
+    (``s_x = max|x_t| / 127``), so a token's rounding follows its own range. oneDNN's int8 matmul on the weight
+    packed once sums exactly in int32, the activations shifted by 128 to the unsigned bytes its VNNI kernels take.
+    Plain tensor ops around that one call, so torch.compile fuses the quantisation and rescale into their neighbours.
     """
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -112,13 +108,8 @@ def _require_vnni() -> None:
 
 
 def int8_kernel(kernel: str = "auto") -> str:
-    """The int8 path for this CPU: "onednn" (Int8Linear, oneDNN's int8 matmul on packed weights) with 8-bit
-    dot-product instructions, else "fbgemm".
-
-    Without VNNI, int8 x int8 products (torch._int_mm) multiplied slower than fp32 (2 AVX2 cores) and oneDNN's
-    unsigned x signed ones saturate (_require_vnni), while fbgemm's dynamic kernels multiply unsigned by signed
-    bytes (vpmaddubsw) at about three times fp32 on 7-bit activations.
-    """
+    """The int8 path for this CPU: "onednn" (Int8Linear) with 8-bit dot products (VNNI), else "fbgemm", whose 7-bit
+    activations cannot saturate where oneDNN's unsigned x signed products would (_require_vnni)."""
     if kernel not in INT8_KERNELS:
         raise UserError(f"int8 kernel {kernel!r}: expected one of {INT8_KERNELS}")
     if kernel == "auto":
@@ -131,14 +122,10 @@ def int8_kernel(kernel: str = "auto") -> str:
 def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     """A frozen copy of an fp32 model whose nn.Linear layers run in int8; the model is untouched.
 
-    ``kernel`` "onednn" (the default where the CPU has VNNI): every nn.Linear becomes an Int8Linear, with per-token
-    activation scales, which torch.compile fuses. "fbgemm" (the default elsewhere): torch's dynamic quantisation,
-    weights int8 per output channel, activations quantised per call from the whole input's min/max to 7 bits
-    (AVX2's u8 x s8 multiply-add saturates at int16 with 8), run eagerly (torch.compile cannot trace it). With
-    either kernel a Linear layer with hooks of its own stays as it is, in fp32: its replacement would not run them.
-    Other layers keep their fp32 weights (copies, not the originals). With "onednn", where bf16 matmuls are native,
-    the copy's attention layers compute in bf16, written out (Bf16Attention): torch has no int8 kernel for
-    attention.
+    ``kernel`` "onednn" (where the CPU has VNNI): every nn.Linear becomes an Int8Linear, and where bf16 matmuls are
+    native the attention computes in bf16 (Bf16Attention). "fbgemm" (elsewhere): torch's dynamic quantisation, 7-bit
+    activations from the whole input's range, run eagerly (torch.compile cannot trace it). A Linear layer with hooks
+    of its own stays in fp32 (its replacement would not run them); other layers keep copies of their fp32 weights.
     """
     kernel = int8_kernel(kernel)
     if any(p.dtype != torch.float32 for p in model.parameters()):

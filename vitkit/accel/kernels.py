@@ -80,15 +80,10 @@ def _backward_and_output(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Ten
 def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
     """fn compiled for flat tensors of any length, its loop split over the threads torch runs at call time.
 
-    Inductor decides at compile time whether a loop is worth splitting, from the sizes of the first call, and
-    torch.compile's on-disk cache then serves that decision to every later process: compiled on the 64-element
-    probe below, the kernels ran on one core of two, at half their speed, for ever after. ``cpp.dynamic_threads``
-    always emits the parallel loop and reads the thread count (torch.set_num_threads) when it runs; being part of
-    the compile options, it also keys a cache entry of its own, so a serial kernel cached earlier is not reused.
-
-    ``cpp.simdlen``, the vector width inductor picks here anyway, keys the entries on it too: the cache does not
-    key them on ATen's CPU capability, and kernels compiled under AVX512 and served to a process started with
-    ``ATEN_CPU_CAPABILITY=avx2`` gave NaN.
+    Inductor decides from the first call's sizes whether to split a loop, and its disk cache serves that decision
+    to later processes: ``cpp.dynamic_threads`` always splits, reading the thread count at run time, and keys a
+    cache entry of its own. ``cpp.simdlen`` keys the entries on the vector width, which the cache otherwise ignores:
+    AVX512 kernels served to a process run with ``ATEN_CPU_CAPABILITY=avx2`` gave NaN.
     """
     from torch._inductor.cpu_vec_isa import pick_vec_isa  # imported here: torch._inductor is slow to import
 

@@ -206,12 +206,10 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (mallo
 def tune_cpu_allocator() -> bool:
     """Let glibc's malloc keep and reuse freed memory, for every tensor of this process; True if applied.
 
-    By default an allocation above a threshold (at most 32 MiB) is a fresh mmap, unmapped again when freed, so each
-    large activation is page-faulted and zero-filled by the kernel on every step, which for an elementwise op costs
-    more than the op itself (benchmarks/main_job_step.py --allocator default). Raising the mmap and trim
-    thresholds keeps freed memory in the heap for the next step, the effect of preloading jemalloc or tcmalloc.
-    The resident set then stays near its peak instead of shrinking between steps. Idempotent; a no-op (False)
-    outside Linux/glibc.
+    Above a threshold glibc maps each allocation afresh and unmaps it when freed, so each large activation is
+    page-faulted and zero-filled on every step (benchmarks/main_job_step.py --allocator default). Raised thresholds
+    keep freed memory for the next step, as jemalloc or tcmalloc would; the resident set stays near its peak.
+    Idempotent; a no-op (False) outside Linux/glibc.
     """
     global _allocator_tuned
     if _allocator_tuned:

@@ -1,11 +1,7 @@
 """Reading and writing checkpoints: official .npz, Big Transfer .npz, Hugging Face, timm and vitkit's own format.
 
-One module per format (official.py, big_transfer.py, hf.py, timm.py, native.py), each saying whether a path is
-its own (``detect``) and reading it (``read``) into a ``Checkpoint`` (base.py), plus a writer where vitkit
-exports it; loader.py asks them in turn (``read_checkpoint``), loads strictly with a report (``read_into``,
-``read_model``) and converts (``convert``). The public loading names are vitkit.create_model, load_model and
-load_pretrained (vitkit.hub), which also take pretrained tags; ``save_pretrained(model, dir)`` writes vitkit's
-own format.
+One module per format (``detect``, ``read`` into a base.Checkpoint, a writer where vitkit exports it); loader.py
+reads any of them, loads strictly with a report and converts. The public names are in vitkit.hub.
 """
 
 from .base import Checkpoint, read_npz

@@ -1,9 +1,8 @@
 """What every checkpoint format shares: the ``Checkpoint`` a reader returns, .npz arrays read without pickle,
 and the "config.json + weights" directory layout that vitkit's own, Hugging Face and timm hub files all use.
 
-A format is one module with ``FORMAT`` (its name), ``detect(path) -> bool`` (from names and config.json alone,
-no weights read) and ``read(path, overrides, tower) -> Checkpoint``, plus a writer where vitkit exports it;
-loader.py asks them in turn.
+A format is one module with ``FORMAT``, ``detect(path) -> bool`` (no weights read) and ``read(path, overrides,
+tower) -> Checkpoint``.
 """
 
 from __future__ import annotations
@@ -30,34 +29,18 @@ from ..models.registry import model_from_config
 from ..models.vit import ViTConfig
 from ..preprocessing import Preprocessing, read_preprocessing
 
-__all__ = [
-    "CONFIG_NAME",
-    "Checkpoint",
-    "config_path",
-    "load_safetensors",
-    "load_tensor_file",
-    "read_config_and_weights",
-    "read_config_json",
-    "read_npz",
-    "weights_path",
-]
-
 CONFIG_NAME = "config.json"
 
 
 def load_tensor_file(path: str | Path) -> dict[str, torch.Tensor]:
-    """A dict of tensors from .safetensors or a torch file; torch files load with weights_only=True (no code runs).
-
-    A dict wrapped under 'state_dict' or 'model' (training scripts' habit) is unwrapped. A file that cannot be
-    read so is a UserError naming it.
-    """
+    """The tensors of a .safetensors or torch file (weights_only=True: no code runs), unwrapped from a dict."""
     path = Path(path)
     if path.suffix == ".safetensors":
         return load_safetensors(path)
     try:
         state: Any = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # UnpicklingError for anything beyond plain tensors and containers, and others
-        cause = _torch_load_cause(e)  # not chained: torch's text would advise weights_only=False
+        cause = _torch_load_cause(e)  # not chained: see _torch_load_cause
         raise UserError(f"{path}: not a plain tensor file readable with weights_only=True ({cause})") from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
@@ -68,11 +51,7 @@ def load_tensor_file(path: str | Path) -> dict[str, torch.Tensor]:
 
 
 def _torch_load_cause(error: Exception) -> str:
-    """What torch.load refused, in a few words.
-
-    torch's own text is not shown: it is many lines long and advises loading with weights_only=False, which runs
-    whatever code the file names, the very thing a weights file from elsewhere must not be allowed to do.
-    """
+    """What torch.load refused, in a few words (its own text advises weights_only=False, which runs code)."""
     found = re.search(r"Unsupported global: GLOBAL (\S+)", str(error))
     if found:
         return f"it holds a pickled Python object, {found.group(1)}, beyond tensors and plain containers"
@@ -117,9 +96,7 @@ class Checkpoint:
     state: dict[str, torch.Tensor]
     metadata: dict[str, Any] = field(default_factory=dict)
     guessed: dict[str, str] = field(default_factory=dict)  # config field -> the guess, its reason, its override
-    # tokens merged a block, as an older vitkit saved token merging in its config: no longer a model field but a
-    # speed patch, which the caller applies (vitkit.hub.load_model); 0: none
-    token_merge: int = 0
+    token_merge: int = 0  # an older vitkit's config field, now a speed patch the caller applies; 0: none
 
     def grid(self) -> tuple[int, int] | None:
         """The token grid of the stored position embedding (None for non-ViT checkpoints)."""
@@ -141,8 +118,7 @@ def config_path(path: str | Path) -> Path:
 
 
 def weights_path(path: str | Path, weight_names: Sequence[str], what: str) -> Path:
-    """The weights file of a checkpoint: ``path`` itself when it is a file other than config.json, else the first
-    of ``weight_names`` in its directory; none is a UserFileNotFoundError naming the format (``what``)."""
+    """The weights file of a checkpoint: ``path`` itself, or the first of ``weight_names`` in its directory."""
     path = Path(path)
     if path.is_file() and path.name != CONFIG_NAME:
         return path
@@ -157,9 +133,7 @@ def weights_path(path: str | Path, weight_names: Sequence[str], what: str) -> Pa
 def read_config_and_weights(
     path: str | Path, weight_names: Sequence[str], what: str
 ) -> tuple[dict[str, Any], Path, dict[str, torch.Tensor]]:
-    """(config.json as a dict, its path, the weights) of a checkpoint directory or a weights file in one: the
-    layout of vitkit's own and Hugging Face checkpoints (timm's hub directories read their optional config.json
-    themselves and their weights through ``weights_path``). ``what`` names the format in errors."""
+    """(config.json as a dict, its path, the weights) of a checkpoint directory or a weights file in one."""
     cfg_path = config_path(path)
     if not cfg_path.is_file():
         raise UserFileNotFoundError(f"{cfg_path}: missing; a {what} checkpoint needs {CONFIG_NAME}")
@@ -202,10 +176,8 @@ def read_npz(path: str | Path) -> dict[str, np.ndarray]:
 
 
 def model_state(model: nn.Module, what: str) -> dict[str, torch.Tensor]:
-    """model.state_dict() for a writer (``what``, named in the error): the weights of the model its config builds.
-    A model whose layers were replaced has others (optimize_for_inference's packs its Linear layers' weights out of
-    the state dict, or quantises them under other keys), and a file of them would not load back: refused, naming
-    the keys."""
+    """model.state_dict() for a writer (``what``), refused when it is not the state of the model its config builds
+    (optimize_for_inference packs or quantises Linear layers): a file of it would not load back."""
     state = model.state_dict()
     with torch.device("meta"):  # shapes only
         expected = model_from_config(config_of(model)).state_dict()

@@ -1,14 +1,8 @@
 """Big Transfer (BiT) ResNet-v2 checkpoints -> vitkit: the released .npz files and timm's resnetv2_*_bit state dicts.
 
-The released files (google-research/big_transfer: BiT-M-R50x1.npz, ...) hold flat TF names under 'resnet/', as
-bit_pytorch/models.py ``ResNetV2.load_from`` reads them: root_block/standardized_conv2d/kernel (HWIO, stored
-unstandardised), block{s}/unit{uu}/{a,b,c}/{group_norm,standardized_conv2d}/..., the projection shortcut under
-unit01/a/proj, the pre-head group_norm and a 1x1 conv head (K = 21843 for BiT-M, 1000 for BiT-S). Stages and
-units count from 1 there, from 0 in vitkit (and timm).
-
-timm's state dicts (``resnetv2_50x1_bit``) already carry vitkit's names but for the head, a 1x1 conv (K, C, 1, 1)
-there and a Linear (K, C) here. Each reader returns the vitkit-named state dict and the BiTConfig fields its names
-and shapes imply; keys it has no name for pass through unchanged, for the strict load to report.
+The released files hold flat TF names under 'resnet/', as bit_pytorch's ``ResNetV2.load_from`` reads them
+(block{s}/unit{uu}/..., counted from 1; a 1x1 conv head); timm's carry vitkit's names but for that head. Keys
+without a name pass through, for the strict load to report.
 """
 
 from __future__ import annotations
@@ -24,6 +18,7 @@ import torch
 
 from ..errors import UserError
 from .base import Checkpoint, read_npz
+from .config_from_weights import resnet_layers
 from .flax_layouts import flax_to_torch
 
 FORMAT = "big_transfer"
@@ -49,7 +44,6 @@ TOP_MAP = {
     "head/conv2d/bias": ("head.bias", "vector"),
 }
 _UNIT = re.compile(r"block(\d+)/unit(\d+)/(.+)$")
-_STAGE_UNIT = re.compile(r"stages\.(\d+)\.blocks\.(\d+)\.")
 
 
 def is_big_transfer_npz(path: str | Path) -> bool:
@@ -69,8 +63,8 @@ def detect(path: str | Path) -> bool:
 
 def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
     """A released BiT .npz: config from names and shapes."""
-    config, state = read_big_transfer(read_npz(path), str(path))
-    return Checkpoint(path, FORMAT, config, state)
+    state = big_transfer_to_vitkit(read_npz(path))
+    return Checkpoint(path, FORMAT, infer_bit_config(state, str(path)), state)
 
 
 def big_transfer_to_vitkit(params: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -114,46 +108,28 @@ def is_timm_resnetv2(state: Mapping[str, torch.Tensor]) -> bool:
 
 
 def infer_bit_config(state: Mapping[str, torch.Tensor], source: str) -> dict[str, Any]:
-    """BiTConfig fields (plus arch='bit') from a vitkit-named BiT state dict: stages and units from the names,
-    width and input channels from the root conv, classes from the head (0 when the file has none)."""
+    """BiTConfig fields (plus arch='bit') from a vitkit-named BiT state dict's names and shapes."""
     stem = state.get("stem.conv.weight")
     if stem is None or stem.ndim != 4:
         raise UserError(f"{source}: no BiT root conv (stem.conv.weight / resnet/root_block/standardized_conv2d)")
-    units: dict[int, int] = {}
-    for k in state:
-        if m := _STAGE_UNIT.match(k):
-            s, u = int(m.group(1)), int(m.group(2))
-            units[s] = max(units.get(s, 0), u + 1)
-    if not units or sorted(units) != list(range(len(units))):
-        raise UserError(f"{source}: BiT stages {sorted(units)} are not numbered consecutively from the first")
+    layers = resnet_layers(state, source, prefix="", what="BiT")
+    if not layers:
+        raise UserError(f"{source}: BiT stages [] are not numbered consecutively from the first")
     width = stem.shape[0]  # (64w, Cin, 7, 7)
     head = state.get("head.weight")
     return dict(
         arch="bit",
-        layers=tuple(units[s] for s in sorted(units)),
+        layers=layers,
         width_factor=width // 64 if width % 64 == 0 else width / 64,
         num_classes=0 if head is None else int(head.shape[0]),
         in_chans=int(stem.shape[1]),
     )
 
 
-def read_big_transfer(
-    params: Mapping[str, np.ndarray], source: str = "big_transfer checkpoint"
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(BiTConfig fields, vitkit state dict) of a released big_transfer .npz's arrays."""
-    state = big_transfer_to_vitkit(params)
-    return infer_bit_config(state, source), state
-
-
 def read_timm_resnetv2(
     raw: Mapping[str, torch.Tensor], hub: dict[str, Any] | None = None, source: str = "timm checkpoint"
 ) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(BiTConfig fields, vitkit state dict) of a timm resnetv2_*_bit state dict and its hub config.json, if any.
-
-    timm's other ResNetV2s share the key names but not the function: BatchNorm (running statistics), plain convs,
-    a deep stem, or a max-pool padded with -inf. Only BiT's (7x7 StdConv root, zero-padded max-pool, GroupNorm) is
-    read; a config.json naming another architecture, or BatchNorm buffers, is refused rather than misread.
-    """
+    """(BiTConfig fields, vitkit state dict) of a timm resnetv2_*_bit state dict; other ResNetV2s are refused."""
     if raw and all(k.startswith("module.") for k in raw):
         raw = {k.removeprefix("module."): v for k, v in raw.items()}
     arch = str((hub or {}).get("architecture", "")).split(".")[0]
@@ -173,19 +149,3 @@ def read_timm_resnetv2(
     if isinstance(stated, int) and stated != config["num_classes"]:
         raise UserError(f"{source}: config.json says num_classes={stated}, the head has {config['num_classes']}")
     return config, state
-
-
-def adapt_head(target: Mapping[str, torch.Tensor], state: dict[str, torch.Tensor]) -> tuple[list[str], list[str]]:
-    """Leave the model's fresh (zero) head where the stored one has another class count, as big_transfer's
-    fine-tuning does (``zero_head=True``). Changes ``state``; returns (reinitialised, dropped) key lists."""
-    head: tuple[str, ...] = ("head.weight", "head.bias")
-    stored = [k for k in head if k in state]
-    wanted = [k for k in head if k in target]
-    if stored and wanted and state["head.weight"].shape == target["head.weight"].shape:
-        return [], []
-    dropped = []
-    for k in stored:
-        state.pop(k)
-        if k not in target:
-            dropped.append(k)
-    return wanted, dropped

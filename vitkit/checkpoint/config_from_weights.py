@@ -1,16 +1,14 @@
 """The model configuration a ViT state dict implies, read from vitkit-named keys and shapes alone.
 
-Written once for every reader whose file carries no config (official .npz and timm state dicts, both first
-renamed to vitkit's keys). What the weights cannot say is the reader's to supply: the head count (official
-files keep it in the query kernel's shape; timm files do not have it) and the GELU the weights were trained
-with (tanh for the official code, exact erf for timm). What no reader can supply is guessed here, and each
-guess is returned with the config as one line naming the value, its reason and the override that replaces it,
-so that loading can say so instead of building another model without a word.
+For every reader whose file carries no config (official .npz and timm state dicts, renamed to vitkit's keys).
+The head count and the GELU are the reader's to supply where its format says them; what none says is guessed
+here, each guess returned as one line naming the value, its reason and the override, so that loading says so.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -19,8 +17,7 @@ from ..errors import UserError
 from ..models.registry import SIZES
 from ..models.resnet import stem_reduction
 
-State = dict[str, torch.Tensor]
-_STAGE_UNIT = re.compile(r"patch_embed\.backbone\.stages\.(\d+)\.blocks\.(\d+)\.")
+State = Mapping[str, torch.Tensor]
 
 
 def default_heads(width: int) -> int:
@@ -45,15 +42,18 @@ def block_count(state: State) -> int:
     return 1 + max((int(m.group(1)) for k in state if (m := re.match(r"blocks\.(\d+)\.", k))), default=-1)
 
 
-def resnet_layers(state: State, source: str) -> tuple[int, ...]:
-    """Units per stage of a hybrid stem; () for a root-only stem."""
+def resnet_layers(
+    state: State, source: str, prefix: str = "patch_embed.backbone.", what: str = "ResNet"
+) -> tuple[int, ...]:
+    """Units per stage from the names ``{prefix}stages.S.blocks.U.`` (a hybrid stem's by default); () for none."""
+    pattern = re.compile(rf"{re.escape(prefix)}stages\.(\d+)\.blocks\.(\d+)\.")
     units: dict[int, int] = {}
     for k in state:
-        if m := _STAGE_UNIT.match(k):
+        if m := pattern.match(k):
             s, u = int(m.group(1)), int(m.group(2))
             units[s] = max(units.get(s, 0), u + 1)
     if sorted(units) != list(range(len(units))):
-        raise UserError(f"{source}: ResNet stages {sorted(units)} are not numbered consecutively from the first")
+        raise UserError(f"{source}: {what} stages {sorted(units)} are not numbered consecutively from the first")
     return tuple(units[s] for s in sorted(units))
 
 
@@ -65,17 +65,9 @@ def infer_vit_config_with_guesses(
     img_size: tuple[int, int] | None = None,
     pos_embed: str | None = None,
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """(ViTConfig fields plus arch='vit', what was guessed) for a vitkit-named ViT state dict.
-
-    ``source`` names the file in errors. ``gelu`` and ``num_heads`` are what the reader knows; None means the
-    file does not say, and the value is guessed: the registry's head count for that width, exact GELU. The
-    guesses map each guessed field to one line: the value, why, and how to pass another.
-    img_size is the position embedding's (square) grid times the pixels per token, unless the file says it
-    (``img_size``: a non-square grid, or a border that does not fill a patch); then it must give that grid.
-    A state without a learned table (a fixed sin-cos table, or none) has no grid to read: the reader passes
-    ``img_size`` and ``pos_embed`` (what its caller said), or it is an error saying to.
-    The pooling is the class token's when there is one, the MAP head's when there is one (attn_pool.*), else GAP.
-    """
+    """(ViTConfig fields plus arch='vit', what was guessed) for a vitkit-named ViT state dict: ``gelu`` and
+    ``num_heads`` None are guessed; ``img_size`` (which must give the position table's grid) and ``pos_embed`` are
+    needed where the file has no learned table. ``source`` names the file in errors."""
     width = _vit_width(state, source)
     guessed: dict[str, str] = {}
     if num_heads is None:
@@ -132,8 +124,7 @@ def _fields_from_shapes(state: State, source: str, num_heads: int, gelu: str) ->
 def _image_fields(
     state: State, source: str, cfg: dict[str, Any], img_size: tuple[int, int] | None, pos_embed: str | None
 ) -> dict[str, Any]:
-    """img_size (and, for a state without a learned table, pos_embed): from the position table's grid, checked
-    against what the reader passes."""
+    """img_size (and pos_embed): from the position table's grid, checked against what the reader passes."""
     if "pos_embed" not in state:
         if img_size is None or pos_embed is None:
             raise UserError(

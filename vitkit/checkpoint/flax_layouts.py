@@ -1,14 +1,7 @@
-"""How Google's Flax checkpoints lay out a ViT: the namings they come in, brought to one (``normalize``) before
-the official reader maps them, and how each tensor's layout differs from torch's (``flax_to_torch``).
-
-Handled as big_vision's own loader (models/vit.py ``load`` / ``fix_old_checkpoints``, utils.py ``load_params``)
-handles them: the released (pre-Linen) block names (LayerNorm_0, MultiHeadDotProductAttention_1, LayerNorm_2,
-MlpBlock_3) and Linen's (LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1, MlpBlock_0); 'opt/target/'
-and 'params/' prefixes, and a model kept under 'params/' (optax) or 'opt/target/' (flax.optim) beside training
-state; the position embedding under Transformer/posembed_input or Transformer/pos_embedding; a MAP head stored
-inline (a top-level probe) or as MAPHead_0; bfloat16 arrays that numpy stores as 2-byte void; "scanned" files
-that stack every block under Transformer/encoderblock/ with a leading depth axis; and image-text checkpoints
-(SigLIP), whose image tower is a sub-tree ('img/...').
+"""How Google's Flax checkpoints lay out a ViT: their namings brought to one (``normalize``) before the official
+reader maps them, and each tensor's layout against torch's (``flax_to_torch``). Handled as big_vision's own loader
+handles them: pre-Linen and Linen block names, wrapper prefixes and training state, old places of the position
+table and the MAP head, bfloat16 stored as 2-byte void, "scanned" blocks, and image towers (SigLIP).
 """
 
 from __future__ import annotations
@@ -25,17 +18,11 @@ from ..errors import UserError
 Params = Mapping[str, np.ndarray]
 
 PREFIXES = ("opt/target/", "params/", "target/", "model/")
-# big_vision's load_params: a checkpoint with a "params" tree (optax) or an "opt/target" tree (flax.optim) keeps the
-# model there, beside optimizer state and counters that are not part of the model
 TRAINING_TREES = ("params/", "opt/target/")
 
 
 def strip_prefix(params: Params) -> dict[str, np.ndarray]:
-    """Drop a wrapper prefix such as 'opt/target/' or 'params/' (whatever stands before the model's names).
-
-    As big_vision's load_params: when a 'params/' (else 'opt/target/') tree is there, it is the model and the
-    rest (optimizer state) is left out; the other prefixes are dropped when every name has them.
-    """
+    """Drop a wrapper prefix; as big_vision's load_params, a 'params/' (else 'opt/target/') tree is the model."""
     out = dict(params)
     for tree in TRAINING_TREES:
         if any(k.startswith(tree) for k in out):
@@ -64,11 +51,7 @@ def towers(params: Mapping[str, np.ndarray]) -> list[str]:
 
 def select_tower(params: dict[str, np.ndarray], tower: str | None) -> tuple[dict[str, np.ndarray], str | None]:
     """(the model's params, the sub-tree they came from or None): big_vision's 'file.npz:img' sub-model selector.
-
-    Without ``tower``, a file whose model is not at the top level but in exactly one sub-tree (SigLIP: 'img',
-    beside the text tower 'txt' and the scalars 't', 'b') is read from that sub-tree; several are an error
-    that names them.
-    """
+    Without ``tower``, a model in exactly one sub-tree (SigLIP's 'img') is read from it; several are an error."""
     if tower is None:
         if "embedding/kernel" in params:
             return params, None
@@ -87,10 +70,8 @@ def select_tower(params: dict[str, np.ndarray], tower: str | None) -> tuple[dict
 
 
 def fix_old_checkpoints(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """big_vision's fix_old_checkpoints, on flat names: the position embedding kept in the encoder
-    (Transformer/pos_embedding, before 2022) moves to the top level, a top-level table whose rows are a square
-    grid + 1 holds the class token's position first (the class row is kept as such when there is a class
-    token), and a MAP head stored inline (a top-level probe, ViT-G's development) moves under MAPHead_0."""
+    """big_vision's fix_old_checkpoints, on flat names: a position table kept in the encoder (before 2022) moves
+    to the top level, and a MAP head stored inline (a top-level probe) under MAPHead_0."""
     out = dict(params)
     if "Transformer/pos_embedding" in out and "pos_embedding" not in out:
         out["pos_embedding"] = out.pop("Transformer/pos_embedding")
@@ -102,19 +83,12 @@ def fix_old_checkpoints(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def has_class_row(rows: int) -> bool:
-    """Whether a big_vision top-level pos_embedding of a class-token model holds a class row first (old big_vision
-    added the table after prepending the class token): its rows are a square grid + 1, as fix_old_checkpoints
-    tells them apart."""
+    """Whether a class-token model's big_vision pos_embedding holds a class row first: a square grid + 1 rows."""
     return rows > 0 and math.isqrt(rows - 1) ** 2 + 1 == rows and math.isqrt(rows) ** 2 != rows
 
 
 def canonical_block_names(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Rename each block's sub-modules to ln1, ln2, mha, mlp, whatever their Flax counters were.
-
-    Pre-Linen names share one counter across types (LayerNorm_0, ..._1, LayerNorm_2, MlpBlock_3); Linen names
-    count per type (LayerNorm_0, ..._0, LayerNorm_1, MlpBlock_0). Within a block, the LayerNorm with the
-    lower index is the one before attention.
-    """
+    """Rename each block's sub-modules to ln1, ln2, mha, mlp, whatever their Flax counters (BLOCK_NAMINGS) were."""
     out: dict[str, np.ndarray] = {}
     ln_pat = re.compile(r"^(Transformer/encoderblock(?:_\d+)?)/LayerNorm_(\d+)/(.*)$")
     ln_indices: dict[str, set[int]] = {}

@@ -1,12 +1,9 @@
 """Hugging Face transformers ViT <-> vitkit.
 
-HF keeps q, k and v as three Linear layers (vitkit fuses them into one qkv Linear(D, 3D)); everything else is
-a renaming. HF's ViTForImageClassification classifies the final class token directly and has no pre-logits
-layer; HF's ViTModel has an optional pooler (Dense + tanh on the class token), which is exactly vitkit's
-pre-logits. HF has no global-average-pooling ViT and no hybrid stem, so such models cannot be exported.
-
-Numerics: HF's defaults are exact (erf) GELU and LayerNorm eps 1e-12; official weights need the tanh GELU
-and eps 1e-6, which HF spells hidden_act="gelu_pytorch_tanh", layer_norm_eps=1e-6.
+HF keeps q, k and v as three Linear layers (vitkit fuses them into one qkv); everything else is a renaming.
+ViTModel's optional pooler (Dense + tanh on the class token) is vitkit's pre-logits; HF has no GAP ViT and no
+hybrid stem. HF's defaults are exact GELU and LayerNorm eps 1e-12; official weights need hidden_act=
+"gelu_pytorch_tanh" and layer_norm_eps=1e-6.
 """
 
 from __future__ import annotations
@@ -39,54 +36,36 @@ WEIGHT_NAMES = ("model.safetensors", "pytorch_model.bin")
 HF_ACTS = {"gelu": "exact", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu_fast": "tanh"}
 VITKIT_ACTS = {"exact": "gelu", "tanh": "gelu_pytorch_tanh"}
 
-# vitkit block key -> HF layer key (both torch layouts: a renaming, nothing transposed). Two HF layouts exist:
-# "legacy", the one published checkpoints use (encoder.layer.i, attention.attention.query, ...), and the module
-# names of transformers >= 5 (layers.i, attention.q_proj, ...), which its from_pretrained renames on load.
-BLOCK_COMMON = {
-    "norm1.weight": "layernorm_before.weight",
-    "norm1.bias": "layernorm_before.bias",
-    "norm2.weight": "layernorm_after.weight",
-    "norm2.bias": "layernorm_after.bias",
-}
+
+def _params(modules: dict[str, str]) -> dict[str, str]:
+    """vitkit module -> HF module, as the names of their parameters: each has a weight and a bias."""
+    return {f"{ours}.{p}": f"{theirs}.{p}" for ours, theirs in modules.items() for p in ("weight", "bias")}
+
+
+# vitkit -> HF names (a renaming, nothing transposed) in the "legacy" layout published checkpoints use and in
+# transformers >= 5's module names ("v5"), which its from_pretrained renames on load
+NORMS = {"norm1": "layernorm_before", "norm2": "layernorm_after"}
 LAYOUTS: dict[str, dict[str, Any]] = {
     "legacy": {
         "layer": "encoder.layer.{}",
         "qkv": ("attention.attention.query", "attention.attention.key", "attention.attention.value"),
-        "blocks": {
-            **BLOCK_COMMON,
-            "attn.proj.weight": "attention.output.dense.weight",
-            "attn.proj.bias": "attention.output.dense.bias",
-            "mlp.fc1.weight": "intermediate.dense.weight",
-            "mlp.fc1.bias": "intermediate.dense.bias",
-            "mlp.fc2.weight": "output.dense.weight",
-            "mlp.fc2.bias": "output.dense.bias",
-        },
+        "blocks": _params(
+            {**NORMS, "attn.proj": "attention.output.dense", "mlp.fc1": "intermediate.dense", "mlp.fc2": "output.dense"}
+        ),
     },
     "v5": {
         "layer": "layers.{}",
         "qkv": ("attention.q_proj", "attention.k_proj", "attention.v_proj"),
-        "blocks": {
-            **BLOCK_COMMON,
-            "attn.proj.weight": "attention.o_proj.weight",
-            "attn.proj.bias": "attention.o_proj.bias",
-            "mlp.fc1.weight": "mlp.fc1.weight",
-            "mlp.fc1.bias": "mlp.fc1.bias",
-            "mlp.fc2.weight": "mlp.fc2.weight",
-            "mlp.fc2.bias": "mlp.fc2.bias",
-        },
+        "blocks": _params({**NORMS, "attn.proj": "attention.o_proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2"}),
     },
 }
 TOP_MAP = {
     "cls_token": "embeddings.cls_token",
     "pos_embed": "embeddings.position_embeddings",
-    "patch_embed.proj.weight": "embeddings.patch_embeddings.projection.weight",
-    "patch_embed.proj.bias": "embeddings.patch_embeddings.projection.bias",
-    "norm.weight": "layernorm.weight",
-    "norm.bias": "layernorm.bias",
-    "pre_logits.weight": "pooler.dense.weight",
-    "pre_logits.bias": "pooler.dense.bias",
+    **_params({"patch_embed.proj": "embeddings.patch_embeddings.projection", "norm": "layernorm"}),
+    **_params({"pre_logits": "pooler.dense"}),
 }
-HEAD_MAP = {"head.weight": "classifier.weight", "head.bias": "classifier.bias"}
+HEAD_MAP = _params({"head": "classifier"})
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -98,15 +77,9 @@ def detect(path: str | Path) -> bool:
         return False
 
 
-def read_hf(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(HF config dict, HF state dict) from a directory with config.json + model.safetensors / pytorch_model.bin."""
-    config, _, state = read_config_and_weights(path, WEIGHT_NAMES, "Hugging Face ViT")
-    return config, state
-
-
 def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
     """An HF ViT: config from config.json, class names from id2label, preprocessing from preprocessor_config.json."""
-    config, state = read_hf(path)
+    config, _, state = read_config_and_weights(path, WEIGHT_NAMES, "Hugging Face ViT")
     processor = config_path(path).with_name(PROCESSOR_NAME)
     metadata = hf_metadata(config, read_config_json(processor) if processor.is_file() else None, str(processor))
     return Checkpoint(path, FORMAT, hf_config_to_vitkit(config, state), hf_to_vitkit(state), metadata)
@@ -138,8 +111,7 @@ def hf_config_to_vitkit(config: dict[str, Any], state: dict[str, torch.Tensor]) 
 def hf_metadata(
     config: dict[str, Any], processor: dict[str, Any] | None = None, source: str = PROCESSOR_NAME
 ) -> dict[str, Any]:
-    """The preprocessing fields an HF directory states: class names from id2label (unless HF's placeholders
-    LABEL_0, ...), size, mean, std, crop and resampling from its preprocessor_config.json when there is one."""
+    """The preprocessing fields an HF directory states: its id2label and its preprocessor_config.json's."""
     out = from_hf_processor(processor, source) if processor else {}
     names = class_names_from_labels(config.get("id2label"))
     if names:
@@ -157,12 +129,7 @@ def hf_layout(keys: Any) -> str:
 
 
 def hf_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """HF ViTModel / ViTForImageClassification state dict (with or without 'vit.') -> vitkit state dict.
-
-    Reads both HF layouts (published 'legacy' names and transformers >= 5 module names). q, k, v are fused
-    into qkv, stacked along the output dimension in that order; missing q/k/v biases (qkv_bias=False) become
-    zeros. Keys the mapping does not know are returned unchanged, so the loader reports them as unexpected.
-    """
+    """HF ViT state dict (either layout) -> vitkit's; missing q/k/v biases are zeros, unknown keys kept as they are."""
     src = {_strip(k): v for k, v in state.items()}
     layout = LAYOUTS[hf_layout(src)]
     used: set[str] = set()
@@ -240,12 +207,8 @@ def hf_config_for(model: nn.Module, id2label: dict[int, str] | None = None) -> t
 def vitkit_to_hf(
     model: nn.Module, id2label: dict[int, str] | None = None, layout: str = "legacy"
 ) -> tuple[Any, dict[str, torch.Tensor]]:
-    """(transformers.ViTConfig, state dict) for a vitkit ViT, in the published ('legacy') or 'v5' key layout.
-
-    Without pre-logits the keys are ViTForImageClassification's ('vit.' + classifier.*, or ViTModel's when
-    num_classes is 0). With pre-logits the keys are ViTModel's with its pooler = pre-logits; the head (if any)
-    has no place there and is refused: reset_classifier(0, keep_pre_logits=True) first to export features.
-    """
+    """(transformers.ViTConfig, state dict) for a vitkit ViT, in the published ('legacy') or 'v5' key layout:
+    ViTForImageClassification's keys, or ViTModel's without a head or with pre-logits (its pooler)."""
     cfg = _check_exportable(model)
     if layout not in LAYOUTS:
         raise UserError(f"layout={layout!r}: expected one of {sorted(LAYOUTS)}")
@@ -280,11 +243,7 @@ def vitkit_to_hf(
 
 
 def to_hf_model(model: nn.Module) -> transformers.ViTForImageClassification:
-    """A transformers ViTForImageClassification with the same weights and numerics as a vitkit ViT.
-
-    Eager attention, eval mode, on the model's device and dtype. Needs a class-token ViT without pre-logits
-    (ViTForImageClassification has none) and with a head (num_classes > 0).
-    """
+    """A transformers ViTForImageClassification (eager, eval) with the same weights and numerics as a vitkit ViT."""
     require("transformers", "a transformers ViTForImageClassification")
     import transformers
 
@@ -309,13 +268,8 @@ def save_hf(
     class_names: list[str] | None = None,
     preprocessing: Preprocessing | None = None,
 ) -> Path:
-    """Write config.json + model.safetensors (published key layout) that transformers' from_pretrained reads, and
-    preprocessor_config.json (the preprocessing record as transformers' image processor), so that
-    ``transformers.pipeline("image-classification", model=directory)`` preprocesses as vitkit does.
-
-    The record defaults to the model's own: [-1, 1] pixels at its resolution. Class names (``class_names``, else
-    the record's), when given for every class, become the config's id2label.
-    """
+    """Write the files transformers' from_pretrained and pipelines read: config.json (class names as id2label),
+    model.safetensors and the preprocessing record (default: the model's own) as preprocessor_config.json."""
     from safetensors.torch import save_file
 
     directory = Path(directory)

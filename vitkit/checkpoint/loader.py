@@ -1,17 +1,9 @@
 """Reading every checkpoint format: ``read_into(model, path)`` and ``read_model(path)``, under the public names
 vitkit.load_pretrained and vitkit.load_model (vitkit.hub, which adds pretrained tags).
 
-Formats are told apart by what is on disk, each format module saying whether a path is its own (``detect``) and
-reading it (``read``) into a ``Checkpoint``, asked in the order of READERS: big_transfer and official (.npz),
-vitkit and hf (a config.json that says what it is), then timm (its hub config.json, or any bare weights file).
-
-Loading adapts the file to the target model the way the official fine-tuning code does: position embeddings
-are resampled to the model's token grid, and a head for another class count (or one after a pre-logits layer
-the model does not have) is left fresh; both are reported. Anything else that does not fit is an error listing
-it. Loading is never quietly partial, nor quietly guessed: what a file does not say (a bare timm state dict's
-head count and GELU) and the caller does not pass is listed in the report and warned about, since a wrong guess
-fits every shape and computes another function. Keys under a prefix the caller names (``drop``) or the file's
-metadata lists (``"drop_on_load"``) are left out and reported as ``dropped``.
+Loading adapts the file as the official fine-tuning code does (position embeddings resampled, a head for another
+class count left fresh, both reported); anything else that does not fit is an error. It is never quietly partial
+nor quietly guessed: what the file and the caller leave unsaid is reported and warned about.
 """
 
 from __future__ import annotations
@@ -36,8 +28,7 @@ from ..preprocessing import read_preprocessing
 from . import big_transfer, hf, native, official, timm
 from .base import Checkpoint, read_npz
 
-# the formats, in the order they are asked whether a path is theirs: BiT's .npz before any other .npz, a
-# config.json that says what it is before timm's, which also takes any bare weights file
+# the order formats are asked: BiT's .npz before the official's, a config.json that says what it is before timm's
 READERS = (big_transfer, official, native, hf, timm)
 FORMATS = tuple(reader.FORMAT for reader in READERS)
 _BY_NAME = {reader.FORMAT: reader for reader in READERS}
@@ -69,25 +60,24 @@ class LoadReport:
 
     def mismatch(self) -> str:
         """One line: what is missing and what is unexpected (the keys, abbreviated)."""
-
-        def some(keys: list[str]) -> str:
-            return ", ".join(keys[:6]) + (f", ... ({len(keys)} in all)" if len(keys) > 6 else "")
-
         kinds = (("missing", self.missing), ("unexpected", self.unexpected))
-        return "; ".join(f"{name} {some(keys)}" for name, keys in kinds if keys) or "none"
+        return "; ".join(f"{name} {_abbreviated(keys, 6)}" for name, keys in kinds if keys) or "none"
 
     def __str__(self) -> str:
         lines = [f"loaded {self.path} ({self.format})"]
         for name in ("missing", "unexpected", "resampled", "reinitialised", "dropped"):
             keys = getattr(self, name)
             if keys:
-                shown = ", ".join(keys[:8]) + (f", ... ({len(keys)} in all)" if len(keys) > 8 else "")
-                lines.append(f"  {name}: {shown}")
+                lines.append(f"  {name}: {_abbreviated(keys, 8)}")
         if len(lines) == 1:
             lines.append("  all keys matched")
         lines += [f"  guessed {text}" for text in self.guessed.values()]
         lines += [f"  {text}" for text in self.from_caller.values()]  # each says it is the caller's
         return "\n".join(lines)
+
+
+def _abbreviated(keys: list[str], shown: int) -> str:
+    return ", ".join(keys[:shown]) + (f", ... ({len(keys)} in all)" if len(keys) > shown else "")
 
 
 # ------------------------------------------------------------------------------------------------- reading
@@ -111,14 +101,9 @@ def detect_format(path: str | Path) -> str:
 def read_checkpoint(
     path: str | Path, format: str | None = None, tower: str | None = None, overrides: dict[str, Any] | None = None
 ) -> Checkpoint:
-    """Read any supported checkpoint into vitkit's naming, with its inferred (or stored) config.
-
-    Official files: ``overrides`` (config fields) supply what the file does not say, before the config is inferred
-    (big_vision's sincos2d files: img_size and pos_embed; pool_type '0': classifier='first'); those fields are the
-    checkpoint's ``guessed`` ones, which the caller has settled, so a load reports them as the caller's. ``tower``
-    (or big_vision's spelling 'file.npz:img') reads an image tower of an image-text checkpoint (SigLIP: 'img');
-    a file whose only ViT is in one sub-tree is read from it, and ``metadata['tower']`` names it.
-    """
+    """Read any supported checkpoint into vitkit's naming, with its inferred (or stored) config. ``overrides``
+    supply what an official file does not say (big_vision's sincos2d: img_size and pos_embed; pool_type '0':
+    classifier='first'); ``tower`` (or 'file.npz:img') reads the image tower of an image-text checkpoint."""
     path = Path(path)
     if tower is None and not path.exists() and (m := re.match(r"^(.+\.npz):([\w/]+)$", str(path))):
         path, tower = Path(m.group(1)), m.group(2)
@@ -143,23 +128,29 @@ def _adapt_vit(model: VisionTransformer, ckpt: Checkpoint, state: dict[str, torc
         if ckpt.grid() != model.grid and state[key].shape[-1] == target[key].shape[-1]:  # 1-D: shapes may agree
             state[key] = resample_relative(state[key], tuple(target[key].shape[:-1]), ckpt.grid(), model.grid)
             report.resampled.append(key)
-    head_after_rep = False
-    if "pre_logits.weight" in state and "pre_logits.weight" not in target:
+    after_rep = "pre_logits.weight" in state and "pre_logits.weight" not in target
+    if after_rep:  # the stored head reads the representation, not the tokens: it cannot be kept
         for k in ("pre_logits.weight", "pre_logits.bias"):
             state.pop(k, None)
             report.dropped.append(k)
-        head_after_rep = True  # the stored head reads the representation, not the tokens
+    elif "head.bias" in state and "head.weight" not in state:
+        return  # a head's bias without its weight: no head to take or leave but a file lacking a key, reported below
+    _adapt_head(target, state, report, keep=not after_rep)
+
+
+def _adapt_head(
+    target: dict[str, torch.Tensor], state: dict[str, torch.Tensor], report: LoadReport, keep: bool
+) -> None:
+    """Leave the model's fresh (zero) head where the stored one has another class count (or not ``keep``)."""
     stored = [k for k in ("head.weight", "head.bias") if k in state]
     wanted = [k for k in ("head.weight", "head.bias") if k in target]
-    if stored and "head.weight" not in state and not head_after_rep:
-        return  # a head's bias without its weight: no head to take or leave but a file lacking a key, reported below
-    fits = bool(stored and wanted) and not head_after_rep and state["head.weight"].shape == target["head.weight"].shape
-    if not fits:  # the model keeps its own fresh (zero) head; a stored head it has no place for is dropped
-        for k in stored:
-            state.pop(k)
-            if k not in target:
-                report.dropped.append(k)
-        report.reinitialised.extend(wanted)
+    if keep and stored and wanted and state["head.weight"].shape == target["head.weight"].shape:
+        return
+    for k in stored:
+        state.pop(k)
+        if k not in target:
+            report.dropped.append(k)
+    report.reinitialised.extend(wanted)
 
 
 def read_into(
@@ -171,16 +162,10 @@ def read_into(
 ) -> LoadReport:
     """Load a checkpoint of any supported format into a model built for it, adapting what the paper adapts.
 
-    For a ViT: position embeddings are resampled to the model's token grid (official algorithm); pre-logits
-    the model lacks are dropped and the head is then left fresh, as is a head for another class count: the
-    model's own shape is the request for those, and the report lists them. Any other difference is a
-    UserError listing it: a key whose shape differs (with both shapes), parameters of the model the file does
-    not fill (``missing``), weights of the file the model has no place for (``unexpected``). ``strict=False``
-    loads what fits and returns the report with ``ok`` False instead, for callers that inspect it themselves.
-    ResNet models load vitkit files. The model is the caller's: what the file does not say (a bare timm state
-    dict's head count and GELU) the model's config settles, and the report lists it under ``from_caller``.
-    Checkpoint keys starting with a ``drop`` prefix, or one the file's metadata lists under "drop_on_load",
-    are left out and reported as ``dropped``.
+    Position embeddings are resampled to the model's grid; pre-logits the model lacks are dropped and the head
+    left fresh, as is a head for another class count. Any other difference is a UserError listing it
+    (``strict=False``: the report with ``ok`` False). Keys under a ``drop`` prefix, or one the file's metadata
+    lists under "drop_on_load", are left out and reported as ``dropped``.
     """
     if isinstance(path, Checkpoint):
         ckpt = path
@@ -194,8 +179,7 @@ def read_into(
 def _load(
     model: nn.Module, ckpt: Checkpoint, strict: bool, guessed: dict[str, str], drop: tuple[str, ...] = ()
 ) -> LoadReport:
-    """read_into's work; ``guessed`` are the fields of ckpt.guessed the model took unchanged from the file,
-    ``drop`` the caller's key prefixes to leave out (the file's "drop_on_load" ones are added)."""
+    """read_into's work; ``guessed``: the fields of ckpt.guessed the model took unchanged from the file."""
     arch = getattr(getattr(model, "config", None), "arch", None)
     if arch not in ("vit", "resnet", "bit"):
         raise UserError(
@@ -222,10 +206,8 @@ def _load(
     if arch == "vit":
         assert isinstance(model, VisionTransformer)  # the one model whose config says arch 'vit'
         _adapt_vit(model, ckpt, state, report)
-    elif arch == "bit":  # another class count: a fresh zero head, as big_transfer fine-tunes
-        reinitialised, dropped = big_transfer.adapt_head(model.state_dict(), state)
-        report.reinitialised.extend(reinitialised)
-        report.dropped.extend(dropped)
+    elif arch == "bit":
+        _adapt_head(model.state_dict(), state, report, keep=True)
     target = model.state_dict()
     for k, v in state.items():
         if k in target and v.shape != target[k].shape:
@@ -233,8 +215,7 @@ def _load(
                 f"{ckpt.path}: key {k!r} has shape {tuple(v.shape)} in the checkpoint but {tuple(target[k].shape)} "
                 "in the model"
             )
-    missing = [k for k in target if k not in state and k not in report.reinitialised]
-    report.missing = missing
+    report.missing = [k for k in target if k not in state and k not in report.reinitialised]
     report.unexpected = [k for k in state if k not in target]
     if strict and not report.ok:
         raise UserError(f"{ckpt.path}: the weights do not fit the model; {report.mismatch()}")
@@ -249,20 +230,11 @@ def read_model(
     tower: str | None = None,
     **overrides: Any,
 ) -> tuple[nn.Module, LoadReport]:
-    """Build a model from a checkpoint file alone and load it; overrides change the inferred config.
+    """Build a model from a checkpoint file alone and load it strictly (see read_into); returns it and the report.
 
     ``read_model("ViT-B_16.npz", img_size=384, num_classes=10)`` gives a 384-px model with resampled position
-    embeddings and a fresh zero head. Loading is strict (see read_into): a config that does not describe
-    the weights (another depth, a missing block) is an error listing the keys. What the file does not say and
-    the overrides do not give (a bare timm state dict's num_heads and gelu) is guessed: one UserWarning names
-    the guesses and the report lists them. Returns the model and the LoadReport (whose ``metadata`` is what the
-    file says of itself: class names, preprocessing...). ``drop``: key prefixes to leave out, as read_into's
-    (the file's own "drop_on_load" ones always are).
-
-    Overrides are also what the file does not say, and are read before the config is inferred:
-    ``read_model("vit_s16_sincos.npz", pos_embed="sincos_2d", img_size=224)`` for big_vision's posemb='sincos2d'
-    (no table to read a grid from), ``classifier="first"`` for its pool_type '0'; the report's ``from_caller``
-    lists them. ``tower="img"`` reads the image tower of an image-text (SigLIP) checkpoint (see read_checkpoint).
+    embeddings and a fresh zero head; overrides also say what the file does not (see read_checkpoint). What
+    neither says (a bare timm state dict's num_heads and gelu) is guessed, named by one UserWarning and the report.
     """
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path, format, tower=tower, overrides=overrides)
     arch = ckpt.config.get("arch", "vit")
@@ -304,13 +276,9 @@ def convert(
 ) -> Path:
     """Convert a checkpoint of any readable format to another; returns what was written.
 
-    vitkit and hf write a directory (config.json + model.safetensors); timm writes a .safetensors file
-    (dst itself when it ends in .safetensors, else dst/model.safetensors) and, as timm's hub format does, a
-    config.json beside it that says what the weights do not (heads, GELU, ...), so reading it back gives the
-    same model; one timm model per directory, then. official writes an .npz with the released names (dst
-    itself when it ends in .npz, else dst/model.npz). Overrides change the model first (e.g. img_size=384
-    resamples the position embeddings, num_heads=3 for bare timm files). The source is loaded strictly (see
-    read_into). Existing outputs (a run's weights, say) are replaced only with ``force``.
+    vitkit and hf write a directory; timm a .safetensors file (dst, or dst/model.safetensors) with its hub
+    config.json; official an .npz (dst, or dst/model.npz). Overrides change the model first (img_size=384,
+    num_heads=3 for bare timm files). Existing outputs are replaced only with ``force``.
     """
     if to not in TARGETS:
         raise UserError(f"to={to!r}: expected one of {TARGETS}")

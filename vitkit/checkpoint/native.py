@@ -1,10 +1,8 @@
 """vitkit's own format: a directory with model.safetensors (weights) and config.json (how to rebuild the model).
 
 config.json holds {"format": "vitkit", "model": <config fields incl. "arch">, "metadata": {...}}; metadata is
-free-form plain JSON (class names, training info). Tensors that are not the model's (a pretraining head, saved
-with ``extra``) sit beside its weights under their own prefix, which metadata["drop_on_load"] lists: every
-loader drops them and reports them as dropped (see loader.read_into). Both files are written atomically
-(temp file + rename), so an interrupted save never leaves a half-written checkpoint in place of a good one.
+free-form plain JSON. Tensors that are not the model's (``extra``: a pretraining head) sit beside its weights
+under a prefix metadata["drop_on_load"] lists, which every loader drops. Both files are written atomically.
 """
 
 from __future__ import annotations
@@ -54,8 +52,7 @@ def save_pretrained(
 
 
 def detect(path: str | Path) -> bool:
-    """A directory (or its model.safetensors) whose config.json says format 'vitkit' (without its weights too:
-    reading it then names the missing file)."""
+    """A directory (or its model.safetensors) whose config.json says format 'vitkit', weights present or not."""
     cfg = config_path(path)
     if not cfg.is_file():
         return False
@@ -72,11 +69,7 @@ def read_native(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tenso
 
 
 def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
-    """A vitkit checkpoint: its stored config and metadata (the preprocessing record among it) as written.
-
-    A model saved with token merging (``token_merge``, a speed patch applied from outside; an older vitkit's config
-    field) keeps it beside the config: the key leaves the config and, when not 0, is the Checkpoint's ``token_merge``.
-    """
+    """A vitkit checkpoint as written; a saved ``token_merge`` leaves the config for the Checkpoint's own field."""
     doc, cfg_path, state = read_config_and_weights(path, (WEIGHTS_NAME,), "vitkit")
     if doc.get("format") != FORMAT or not isinstance(doc.get("model"), dict):
         raise UserError(f"{cfg_path}: expected a vitkit config with keys 'format': 'vitkit' and 'model': {{...}}")

@@ -1,15 +1,8 @@
 """Google's official checkpoints (.npz of flat '/'-joined Flax names) <-> vitkit state dicts.
 
-Layouts: Flax Dense kernels are (in, out) and torch Linear weights (out, in); Flax convs are HWIO and torch
-convs OIHW; attention q/k/v kernels are (D, heads, head_dim) and are fused here into one (3D, D) qkv weight;
-the attention output kernel is (heads, head_dim, D). The names of every release (vit_jax, big_vision, SigLIP's
-image tower) are first brought to one naming (flax_layouts.py).
-
-What a file cannot say the caller supplies (``given``): big_vision's posemb='sincos2d' stores no table, so the
-image size (and pos_embed='sincos_2d') must be passed; a file without class token or MAP head pools by the mean
-(GAP) unless classifier='first' (big_vision's pool_type '0') is passed.
-
-``infer_official_config`` reads the model's configuration from the names and shapes alone, and
+The names of every release (vit_jax, big_vision, SigLIP's image tower) are first brought to one naming and the
+layouts to torch's (flax_layouts.py); the q/k/v kernels (D, heads, head_dim) are fused into one (3D, D) qkv
+weight. The config is read from names and shapes; what a file cannot say the caller supplies (``given``).
 ``vitkit_to_official`` writes the inverse: the exact names and shapes of the released (or Linen) files.
 """
 
@@ -48,10 +41,7 @@ FORMAT = "official"
 
 
 def official_to_vitkit(params: Params, tower: str | None = None) -> dict[str, torch.Tensor]:
-    """Official params (any supported naming) -> a vitkit VisionTransformer state dict.
-
-    Keys the mapping does not know are returned under their official names, so the loader reports them.
-    """
+    """Official params (any supported naming) -> a vitkit state dict; unknown keys keep their official names."""
     p = normalize(params, tower)
     used: set[str] = set()
 
@@ -152,8 +142,7 @@ def _hybrid_stem(p: Params, take: Take) -> dict[str, torch.Tensor]:
 
 # --------------------------------------------------------------------------------------- config inference
 class OfficialRead(NamedTuple):
-    """An official checkpoint read: config, state, the fields the caller supplied (field -> why the file cannot
-    say it) and what the file says of itself (``tower``: the sub-tree the model was read from)."""
+    """An official checkpoint read: config, state, the fields the caller supplied (-> why) and its metadata."""
 
     config: dict[str, Any]
     state: dict[str, torch.Tensor]
@@ -165,28 +154,12 @@ class OfficialRead(NamedTuple):
 _TABLELESS = ("sincos_2d", "none")
 
 
-def read_official(
-    params: Params, given: Mapping[str, Any] | None = None, tower: str | None = None
-) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(ViTConfig fields plus arch='vit', vitkit state dict) of an official checkpoint; see read_official_checkpoint."""
-    read = read_official_checkpoint(params, given, tower)
-    return read.config, read.state
-
-
 def read_official_checkpoint(
     params: Params, given: Mapping[str, Any] | None = None, tower: str | None = None
 ) -> OfficialRead:
-    """An official checkpoint's config and vitkit state dict, from names and shapes and what the caller gives.
-
-    Heads come from the query kernel (D, heads, hd); the rest is read from the renamed weights by
-    ``config_from_weights.infer_vit_config_with_guesses``, as for every format without a config; GELU is the
-    official tanh.
-    ``given`` (the caller's config fields) settles what the file cannot say: without a learned position table
-    (big_vision's posemb='sincos2d') the token grid comes from ``img_size`` and the table from ``pos_embed``
-    (both required); without a class token or MAP head, ``classifier`` tells GAP from 'first' (pool_type '0').
-    Those fields are returned in ``from_caller``. ``tower`` selects an image tower (see select_tower). Unknown
-    structures (no patch embedding) are errors rather than guesses.
-    """
+    """An official checkpoint's config (tanh GELU) and vitkit state dict, from names and shapes; ``given`` says
+    what the file cannot (returned in ``from_caller``): without a learned position table (big_vision's sincos2d),
+    ``img_size`` and ``pos_embed``; without a class token or MAP head, ``classifier`` ('first', else GAP)."""
     given = dict(given or {})
     params, chosen = select_tower(recover_bfloat16(strip_prefix(params)), tower)  # the model's sub-tree
     p = normalize(params)
@@ -234,22 +207,19 @@ def detect(path: str | Path) -> bool:
 
 
 def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
-    """An official .npz: config from names and shapes, ``overrides`` for what the file does not say (see
-    read_official_checkpoint), ``tower`` for an image-text checkpoint's image tower."""
+    """An official .npz, ``overrides`` giving what it does not say (see read_official_checkpoint)."""
     got = read_official_checkpoint(read_npz(path), overrides, tower)
     return Checkpoint(path, FORMAT, got.config, got.state, got.metadata, got.from_caller)
 
 
 def infer_official_config(params: Params) -> dict[str, Any]:
     """ViTConfig fields (plus arch='vit') read from an official checkpoint's names and shapes alone."""
-    return read_official(params)[0]
+    return read_official_checkpoint(params).config
 
 
 # ------------------------------------------------------------------------------------------ vitkit -> official
 def check_exportable(model: torch.nn.Module) -> ViTConfig:
-    """The model's config if an official .npz can hold it, so that reading the file back (names and shapes
-    alone, tanh GELU and LayerNorm eps 1e-6 as the official code computes) gives the same model; else a one-line
-    UserError naming the field and value the file cannot carry."""
+    """The model's config if an official .npz can hold it (reads back as the same model); else a UserError."""
     cfg = getattr(model, "config", None)
     if not isinstance(cfg, ViTConfig):
         raise UserError(f"only VisionTransformer models have an official layout, not {type(model).__name__}")
@@ -277,14 +247,8 @@ def check_exportable(model: torch.nn.Module) -> ViTConfig:
 
 
 def vitkit_to_official(model: torch.nn.Module, naming: str = "released", prefix: str = "") -> dict[str, np.ndarray]:
-    """A vitkit VisionTransformer -> official params with the names and shapes of the vit_jax checkpoints.
-
-    naming="released" uses the published files' block names (LayerNorm_0, MultiHeadDotProductAttention_1,
-    LayerNorm_2, MlpBlock_3), "linen" the current Flax ones (_0, _0, _1, _0). prefix is prepended to every
-    name (e.g. 'opt/target/' as in the oldest releases). GAP models have no 'cls'; the position embedding keeps
-    the class row first when there is a class token. A MAP head is written as big_vision's MAPHead_0; a sincos_2d
-    model, as big_vision stores one, has no position table (reading it back takes img_size and pos_embed).
-    """
+    """A vitkit VisionTransformer -> official params with the names and shapes of the vit_jax checkpoints, block
+    names as the published files' ("released") or Linen's (BLOCK_NAMINGS), ``prefix`` before every name."""
     if naming not in BLOCK_NAMINGS:
         raise UserError(f"naming={naming!r}: expected one of {sorted(BLOCK_NAMINGS)}")
     cfg = getattr(model, "config", None)

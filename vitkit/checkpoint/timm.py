@@ -1,17 +1,9 @@
 """timm VisionTransformer state dicts <-> vitkit.
 
-vitkit's parameter names are timm's (cls_token, pos_embed, patch_embed.proj, blocks.i.*, norm, head; hybrids
-under patch_embed.backbone.* as timm's ResNetV2), so conversion is mostly unwrapping: a 'state_dict' / 'model'
-wrapper, a 'module.' prefix (DataParallel / DDP), and older timm's pre_logits.fc.
-
-A bare timm state dict carries no config: shapes give the rest, but the head count is guessed from the registry
-row with that width and the GELU is guessed exact (timm's default; gelu="tanh" for weights from the official
-code). Both guesses are reported and warned about (config_from_weights.py): a wrong one builds another function.
-timm's hub layout puts a config.json beside the weights (architecture, ``model_args``, ``pretrained_cfg``);
-vitkit writes it with every timm file (``save_timm``) and reads it when it is there, so the config comes from
-the file, not a guess. A config.json that contradicts the weights, or asks for something vitkit does not
-compute, is refused rather than half-followed, as is a file with fc_norm weights (timm's GAP normalises after
-pooling; vitkit, like the official code, before).
+vitkit's parameter names are timm's, so conversion is mostly unwrapping. A bare timm state dict says no head
+count nor GELU (both guessed and reported); timm's hub config.json beside the weights says them, and vitkit writes
+one with every timm file and reads it when there. A config.json that contradicts the weights or asks for another
+function is refused rather than half-followed, as is a file with fc_norm (timm's GAP normalises after pooling).
 """
 
 from __future__ import annotations
@@ -39,8 +31,7 @@ CONFIG_NAME = "config.json"
 # the weights of a hub directory, in the order timm's load_state_dict_from_path prefers them
 HUB_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "pytorch_model.pth", "model.pth")
 
-# timm's plain ViT constructors vit_{size}_patch{P}_{img}: (embed_dim, depth, num_heads) per size, mlp_ratio 4,
-# class token, exact GELU; the names are the ones timm registers
+# timm's plain ViT constructors vit_{size}_patch{P}_{img} (mlp_ratio 4, class token, exact GELU): their sizes
 TIMM_SIZES = {
     "tiny": (192, 12, 3),
     "small": (384, 12, 6),
@@ -96,11 +87,7 @@ def is_timm_config(doc: dict[str, Any]) -> bool:
 
 
 def hub_config_path(path: str | Path) -> Path | None:
-    """The timm config.json of a hub directory or of a weights file inside one; None when there is none.
-
-    A config.json beside the weights that is not timm's (or not readable) belongs to something else and is
-    left alone; a directory's own config.json is checked by the format detection before this.
-    """
+    """The timm config.json of a hub directory or of a weights file inside one; None when there is none."""
     cfg = config_path(path)
     if not cfg.is_file():
         return None
@@ -118,16 +105,11 @@ def detect(path: str | Path) -> bool:
     return path.is_file() and path.suffix in SUFFIXES
 
 
-def read_timm_hub(path: str | Path) -> tuple[dict[str, torch.Tensor], dict[str, Any] | None, Path | None]:
-    """(state dict, timm config.json or None, its path) from a weights file or a timm hub directory."""
-    cfg_path = hub_config_path(path)
-    weights = load_tensor_file(weights_path(path, HUB_WEIGHTS, "timm hub"))
-    return weights, read_config_json(cfg_path) if cfg_path else None, cfg_path
-
-
 def read(path: Path, overrides: dict[str, Any] | None = None, tower: str | None = None) -> Checkpoint:
     """A timm ViT (or BiT ResNetV2) state dict; config and preprocessing from its hub config.json when there is one."""
-    raw, hub, hub_path = read_timm_hub(path)
+    hub_path = hub_config_path(path)
+    raw = load_tensor_file(weights_path(path, HUB_WEIGHTS, "timm hub"))
+    hub = read_config_json(hub_path) if hub_path else None
     source = str(hub_path or path)
     metadata = from_timm_config(hub)
     if big_transfer.is_timm_resnetv2(raw):  # resnetv2_*_bit: a BiT, not a ViT
@@ -153,12 +135,7 @@ def timm_to_vitkit(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 def infer_timm_config(
     state: dict[str, torch.Tensor], hub: dict[str, Any] | None = None, source: str = "timm checkpoint"
 ) -> tuple[dict[str, Any], dict[str, str]]:
-    """(ViTConfig fields, what was guessed) for a (vitkit-named) timm state dict and its hub config.json.
-
-    Without a config.json the head count and GELU are guessed (see config_from_weights.py). With one, its
-    architecture and model_args say them; what they do not say is still guessed, and a config that contradicts
-    the weights is an error naming ``source`` (the config.json).
-    """
+    """(ViTConfig fields, what was guessed) for a vitkit-named timm state dict and its hub config.json, if any."""
     if hub is None:
         return infer_vit_config_with_guesses(state, "timm checkpoint")
     args = _model_args(hub, source)
@@ -187,8 +164,7 @@ def _arch_args(hub: dict[str, Any]) -> dict[str, Any]:
 
 
 def _model_args(hub: dict[str, Any], source: str) -> dict[str, Any]:
-    """The constructor's arguments as timm's create_model would pass them: the named architecture's, then
-    model_args over them; arguments that would change the function vitkit computes are refused."""
+    """The constructor's arguments as timm's create_model would pass them; any vitkit does not compute refused."""
     given = hub.get("model_args") or {}
     if not isinstance(given, dict):
         raise UserError(f"{source}: 'model_args' must be a JSON object, found {type(given).__name__}")
@@ -241,10 +217,7 @@ def _check_against_weights(args: dict[str, Any], config: dict[str, Any], source:
 
 
 def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict timm's VisionTransformer loads; build it with ``timm_kwargs(model)`` to match numerics.
-
-    A pre-logits layer is written as pre_logits.fc.* (timm < 0.9's representation_size layout).
-    """
+    """The state dict timm's VisionTransformer(**timm_kwargs(model)) loads (pre-logits as timm < 0.9's)."""
     check_exportable(model)
     return {
         re.sub(r"^pre_logits\.", "pre_logits.fc.", k): v.detach().clone().contiguous()
@@ -253,8 +226,7 @@ def vitkit_to_timm(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def check_exportable(model: nn.Module) -> ViTConfig:
-    """The model's config if timm's VisionTransformer (and its hub config.json) can hold the model; else a one-line
-    UserError naming the field it cannot hold (written anyway, the files would read back as another model)."""
+    """The model's config if timm's VisionTransformer and hub config.json can hold the model; else a UserError."""
     cfg = getattr(model, "config", None)
     if not isinstance(cfg, ViTConfig):
         raise UserError(f"only VisionTransformer models have a timm layout, not {type(model).__name__}")
@@ -272,13 +244,8 @@ def check_exportable(model: nn.Module) -> ViTConfig:
 
 
 def timm_kwargs(model: nn.Module) -> dict[str, Any]:
-    """Keyword arguments for timm's VisionTransformer that reproduce this model's numerics.
-
-    act_layer 'gelu_tanh' (official) or 'gelu'; LayerNorm eps 1e-6 is timm's ViT default (other eps values
-    need norm_layer=partial(nn.LayerNorm, eps=...)); class_token / global_pool 'token' or 'avg' with
-    fc_norm=False so GAP pools normalised tokens. Hybrids additionally need timm's ResNetV2 backbone as
-    embed_layer (timm's vit_*_r50_* constructors).
-    """
+    """Keyword arguments for timm's VisionTransformer that reproduce this model's numerics (LayerNorm eps other
+    than 1e-6 needs norm_layer=partial(nn.LayerNorm, eps=...); hybrids need timm's ResNetV2 as embed_layer)."""
     cfg = check_exportable(model)
     return dict(
         img_size=cfg.img_size,
@@ -298,14 +265,8 @@ def timm_kwargs(model: nn.Module) -> dict[str, Any]:
 
 
 def hub_config(model: nn.Module, preprocessing: Preprocessing | None = None) -> dict[str, Any]:
-    """The config.json timm's hub format keeps beside the weights, for this model (see ``save_timm``).
-
-    ``model_args`` are ``timm_kwargs`` plus what timm's current VisionTransformer has no argument for:
-    ``representation_size`` (timm < 0.9's pre-logits, matching the pre_logits.fc.* keys) and ``norm_eps``
-    (LayerNorm eps other than timm's 1e-6). timm refuses those rather than building another function.
-    ``pretrained_cfg`` holds the preprocessing record (input size, mean, std, crop_pct, interpolation, classes;
-    the model's own [-1, 1] pixels at its resolution when no record is given), read back by ``from_timm_config``.
-    """
+    """The config.json timm's hub format keeps beside the weights: ``model_args`` (with what timm's current ViT
+    refuses rather than computing another function) and the preprocessing record as ``pretrained_cfg``."""
     cfg = check_exportable(model)
     args = timm_kwargs(model)
     for key in ("img_size", "patch_size"):  # timm's spelling of a square size is one int
@@ -340,11 +301,7 @@ def hub_config(model: nn.Module, preprocessing: Preprocessing | None = None) -> 
 
 
 def architecture_name(model: nn.Module) -> str:
-    """The timm constructor with this model's shape (vit_base_patch16_224, ...), else timm's generic module name.
-
-    Only patch, width, depth, heads, MLP width and image size pick the name: model_args carry the rest (GELU,
-    pooling), and timm's constructors let them override their own.
-    """
+    """The timm constructor with this model's shape (vit_base_patch16_224, ...), else timm's generic module name."""
     cfg = vit_config_of(model, "architecture_name")
     if cfg.resnet_layers is not None:
         return HYBRID_ARCH
@@ -359,10 +316,7 @@ def architecture_name(model: nn.Module) -> str:
 
 
 def save_timm(model: nn.Module, path: str | Path, preprocessing: Preprocessing | None = None) -> Path:
-    """Write the timm state dict to ``path`` (.safetensors) and timm's hub config.json beside it; returns path.
-
-    Both are built before either is written, and each is written atomically.
-    """
+    """Write the timm state dict to ``path`` (.safetensors) and timm's hub config.json beside it; returns path."""
     from safetensors.torch import save_file
 
     path = Path(path)

@@ -1,17 +1,9 @@
 """Batch augmentation on the training device, after decoding: RandAugment, then mixup / cutmix.
 
-``build_augment(data_config, num_classes, mean, std, ...)`` builds the ``BatchAugment`` that maps a training
-micro-batch ``(x, y)`` to the images and targets the loss sees. Each lever is off by default and independent:
-
-- RandAugment (``data.randaugment_*``): kornia's batched implementation on [0, 1] pixels. kornia draws one
-  sequence of operations per call, so the batch is cut into up to ``RANDAUGMENT_GROUPS`` groups that each draw
-  their own: images of one batch see different operations.
-- mixup / cutmix (``data.mixup_alpha``, ``data.cutmix_alpha``, ``data.mixup_switch_prob``): one Beta(alpha,
-  alpha) weight per batch, each image mixed with its mirror in the batch, as timm does. The targets are the
-  label-smoothed one-hot vectors mixed in the proportion of the mixed pixels, so they match what the image shows.
-
-All randomness comes from torch's global RNG (kornia's too), which the engine seeds per (seed, step,
-micro-batch, rank) before the call: a resumed run draws exactly what an uninterrupted one did.
+``build_augment`` builds the ``BatchAugment`` that maps a training micro-batch ``(x, y)`` to the images and
+targets the loss sees; each lever is off by default. RandAugment is kornia's, on [0, 1] pixels. mixup / cutmix
+draw one Beta(alpha, alpha) weight per batch and mix each image with its mirror, as timm does, and the targets in
+the proportion of the mixed pixels. All randomness comes from torch's global RNG, seeded by the engine.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""``build_datasets``: a DataConfig -> (train dataset, eval dataset, DatasetInfo), one builder per source.
-
-The file-backed sources (hf, wds, manifest) are rows of ``FILE_BUILDERS``; their optional packages are imported
-only when one is built (``vitkit.optional.require``)."""
+"""``build_datasets``: a DataConfig -> (train dataset, eval dataset, DatasetInfo), one builder per source
+(``BUILDERS``); the file-backed sources import their optional packages only when one is built."""
 
 from __future__ import annotations
 
@@ -38,26 +36,9 @@ Transform = Callable[[Image.Image], torch.Tensor]  # a PIL image -> a normalised
 
 
 def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
-    """(train, eval, info) for ``cfg`` (resolved first: ``None`` fields take the source defaults).
-
-    Items are (float tensor (in_chans, img_size, img_size), int label); the train set draws its augmentation
-    from torch's global RNG in ``__getitem__``. Digits and synthetic data are ``TensorImageDataset``s, which
-    also offer whole-batch access (``.images``, ``.labels``, ``.augment_batch``).
-    """
+    """(train, eval, info) for ``cfg``, resolved first (``None`` fields take the source defaults)."""
     cfg = cfg.resolve()
-    built: tuple[Dataset, Dataset, DatasetInfo]
-    if cfg.source == "digits":
-        built = build_digits(cfg)
-    elif cfg.source == "synthetic":
-        built = build_synthetic(cfg)
-    elif cfg.source in ("cifar10", "cifar100"):
-        built = build_cifar(cfg)
-    elif cfg.source == "shapes":
-        built = build_shapes(cfg)
-    elif cfg.source in FILE_BUILDERS:
-        built = FILE_BUILDERS[cfg.source](cfg)
-    else:
-        built = build_folder(cfg)
+    built = BUILDERS[cfg.source](cfg)
     info = built[2]
     if cfg.train_fraction < 1:
         built = (keep_fraction(built[0], cfg.train_fraction, cfg.split_seed), *built[1:])
@@ -97,16 +78,8 @@ def build_manifest(cfg: DataConfig) -> tuple[ImageFolderDataset, ImageFolderData
     return train, test, _info(cfg, names)
 
 
-FILE_BUILDERS: dict[str, Callable[[DataConfig], tuple[Dataset, Dataset, DatasetInfo]]] = {
-    "hf": build_hf,
-    "wds": build_wds,
-    "manifest": build_manifest,
-}
-
-
 def keep_fraction(train: Dataset, fraction: float, seed: int) -> Dataset:
-    """A stratified ``fraction`` of a training set (every class keeps at least one image), the same for every run
-    with this seed: the labelled subset of a label-scarce experiment, whatever the run's own seed."""
+    """A stratified ``fraction`` of a training set, the same for every run with this seed (scarce labels)."""
     if isinstance(train, ImageFolderDataset):
         keep, _ = stratified_split([label for _, label in train.samples], 1 - fraction, seed)
         train.samples = [train.samples[i] for i in sorted(keep)]
@@ -183,8 +156,7 @@ def build_synthetic(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDat
 
 
 def build_shapes(cfg: DataConfig) -> tuple[ProceduralShapes, ProceduralShapes, DatasetInfo]:
-    """Procedural shapes drawn on the fly: data.num_images to train on, data.eval_images held out (another seed
-    stream), both from data.split_seed (see ``vitkit.data.procedural``)."""
+    """Procedural shapes drawn on the fly: data.num_images to train on, data.eval_images held out."""
     mean, std = _stats(cfg)
     src = SourceFields.of(cfg)
     if src.train_augment != "none" or src.flip or cfg.train_fraction < 1:
@@ -267,3 +239,16 @@ def build_folder(cfg: DataConfig) -> tuple[ImageFolderDataset, ImageFolderDatase
         train.verify()
         test.verify()
     return train, test, _info(cfg, class_names)
+
+
+BUILDERS: dict[str, Callable[[DataConfig], tuple[Dataset, Dataset, DatasetInfo]]] = {
+    "digits": build_digits,
+    "synthetic": build_synthetic,
+    "cifar10": build_cifar,
+    "cifar100": build_cifar,
+    "shapes": build_shapes,
+    "folder": build_folder,
+    "hf": build_hf,
+    "wds": build_wds,
+    "manifest": build_manifest,
+}

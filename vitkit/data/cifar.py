@@ -1,18 +1,15 @@
 """CIFAR-10 / CIFAR-100 from the standard "python version" pickle batches, read without running pickle code.
 
-Expected files (directly in ``root`` or in the archive's own subfolder ``cifar-10-batches-py`` /
-``cifar-100-python``):
+Expected files, in ``root`` or the archive's own subfolder (``cifar-10-batches-py`` / ``cifar-100-python``):
 
     CIFAR-10:  data_batch_1 .. data_batch_5, test_batch   {b"data": uint8 (N, 3072), b"labels": [int]}
                batches.meta                              {b"label_names": [bytes]}
     CIFAR-100: train, test                               {b"data": ..., b"fine_labels": [int]}
                meta                                      {b"fine_label_names": [bytes]}
 
-Each row of ``data`` is 1024 red, then 1024 green, then 1024 blue values of a 32x32 image in raster order.
-The files are plain dicts, lists, bytes and numpy arrays, so ``RestrictedUnpickler`` allows only numpy's array
-reconstruction functions (and a latin-1-only stand-in for ``_codecs.encode``, which protocol-2 pickles written
-by Python 3 use for bytes) and refuses every other global: a crafted file cannot make unpickling call
-``os.system`` or anything else. The meta file is optional (class names fall back to "0", "1", ...).
+Each row of ``data`` is a 32x32 image's red, green, then blue plane in raster order. The files hold plain dicts,
+lists, bytes and numpy arrays, so ``RestrictedUnpickler`` refuses every global but numpy's array reconstruction:
+a crafted file cannot make unpickling call anything else. The meta file is optional (names fall back to "0", ...).
 """
 
 from __future__ import annotations

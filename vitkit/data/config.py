@@ -1,14 +1,9 @@
 """What to load and how to preprocess it: ``DataConfig`` (the user's choice) and ``DatasetInfo`` (the result).
 
-Fields left as ``None`` mean "the source's default" (``SOURCE_DEFAULTS``: image size, channels, training
-augmentation, flip, shift per source) and are filled by ``DataConfig.resolve()``.
-
-``--data`` spells the three file-backed sources with a prefix (``source_section``): ``hf:NAME[:CONFIG]`` (a
-Hugging Face dataset, a ``save_to_disk`` directory, parquet files or an imagefolder), ``wds:PATTERN``
-(WebDataset shards, brace patterns or a directory written by ``vitkit shard``), ``manifest:FILE.csv|json``.
-
-Every field is a plain type (str, int, float, bool, list), so a config round-trips through YAML/JSON and can be
-overridden field by field (``data.img_size=384``).
+Fields left as ``None`` take the source's default (``SOURCE_DEFAULTS``), filled by ``DataConfig.resolve()``.
+``--data`` spells the file-backed sources with a prefix (``source_section``): ``hf:NAME[:CONFIG]``,
+``wds:PATTERN`` and ``manifest:FILE.csv|json``. Every field is a plain type, so a config round-trips through
+YAML/JSON and can be overridden field by field (``data.img_size=384``).
 """
 
 from __future__ import annotations
@@ -17,7 +12,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from ..errors import UserError
-from .transforms import AUGMENTS, channel_stats, check_augment
+from .transforms import channel_stats, check_augment
 
 RANDAUGMENT_MAX_OPS = 15  # the operations of RandAugment's default policy, drawn without replacement
 FILE_SOURCES = ("hf", "wds", "manifest")  # named by --data PREFIX:WHERE; data.root holds WHERE
@@ -165,11 +160,7 @@ class SourceFields:
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What a model trained on the data needs to know: saved as checkpoint metadata, used to preprocess.
-
-    mean / std are per channel, in [0, 1] pixel units; ``eval_transform(img_size, mean, std, crop_fraction,
-    in_chans)`` reproduces the evaluation preprocessing for a new image.
-    """
+    """The classes and evaluation preprocessing of the data (mean / std in [0, 1] units), saved as metadata."""
 
     num_classes: int
     class_names: list[str]
@@ -182,6 +173,3 @@ class DatasetInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-__all__ = ["AUGMENTS", "FILE_SOURCES", "SOURCES", "SOURCE_DEFAULTS", "DataConfig", "DatasetInfo", "source_section"]

@@ -1,12 +1,8 @@
-"""Dataset classes: images held as tensors in memory, decoded arrays, or files in a class-per-folder tree.
+"""Dataset classes: images held as tensors in memory, decoded arrays, or files in a class-per-folder tree. Every
+item is ``(float tensor (C, H, W), int label)``, its augmentation drawn from torch's global RNG.
 
-Every item is ``(float tensor (C, H, W), int label)``. Random augmentation is drawn from torch's global RNG
-inside ``__getitem__`` (or ``augment_batch``), so seeding torch before fetching reproduces an item exactly.
-
-Corrupt files in an image folder are detected lazily, when an item is loaded: a scan of every file at start-up
-would cost a full decode of the dataset before the first step. ``ImageFolderDataset.verify()`` offers that scan
-on demand. With ``skip_corrupt`` an unreadable file is replaced by the next readable one, counted in
-``num_skipped`` (per process: DataLoader workers keep their own counts) and reported by one warning.
+Corrupt files in an image folder are found when an item is loaded (``verify()`` scans them all on demand); with
+``skip_corrupt`` an unreadable file is replaced by the next readable one, counted and warned about once.
 """
 
 from __future__ import annotations
@@ -29,13 +25,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".
 
 
 class ImageReadError(UserError):
-    """An image of a folder dataset that cannot be read: the message names the file and the cause.
-
-    Raised inside a DataLoader worker, an exception reaches the main process re-created as ``type(text)``, where
-    text is "Caught ... in DataLoader worker process N" followed by the worker's whole traceback. This
-    constructor recovers the original one-line message from the traceback's last line, so num_workers > 0
-    reports the same line as loading in the main process.
-    """
+    """An image of a folder dataset that cannot be read. A DataLoader worker's error reaches the main process
+    re-created from its traceback's text: the constructor recovers the one-line message from it."""
 
     def __init__(self, message: str) -> None:
         prefix = f"{type(self).__module__}.{type(self).__qualname__}: "
@@ -152,8 +143,6 @@ class ImageFolderDataset(Dataset):
             try:  # opened here, decoded by the transform (a training crop of a JPEG: at a reduced size)
                 return self.transform(open_image(path)), label
             except UserError as e:  # the file's: not found, not an image, or truncated (a bug keeps its traceback)
-                if not self.skip_corrupt:
-                    raise ImageReadError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
                 self._skip(i, e)
         raise ImageReadError(
             f"{self.samples[0][0].parent.parent}: none of the {len(self.samples)} images could be read (all skipped)"
@@ -166,13 +155,14 @@ class ImageFolderDataset(Dataset):
             try:
                 load_image(path)
             except (ValueError, FileNotFoundError) as e:
-                if not self.skip_corrupt:
-                    raise ImageReadError(f"{e}; set data.skip_corrupt=true to skip unreadable images") from None
                 self._skip(i, e)
                 bad.append(path)
         return bad
 
     def _skip(self, index: int, error: Exception) -> None:
+        """Count an unreadable file, or (without skip_corrupt) raise its error."""
+        if not self.skip_corrupt:
+            raise ImageReadError(f"{error}; set data.skip_corrupt=true to skip unreadable images") from None
         self.skipped.add(index)
         if not self._warned:
             self._warned = True
@@ -184,11 +174,8 @@ class ImageFolderDataset(Dataset):
 
 
 def scan_image_folder(root: str | Path, class_names: Sequence[str] | None = None) -> tuple[list[str], list]:
-    """``root/<class>/**/*.<image ext>`` -> (sorted class names, [(path, label)]), with clear errors.
-
-    Hidden files and folders are ignored. With ``class_names`` (the training classes, for a separate val
-    folder) every class folder found must be one of them.
-    """
+    """``root/<class>/**/*.<image ext>`` -> (sorted class names, [(path, label)]), hidden files ignored; with
+    ``class_names`` (the training classes, for a separate val folder) every class folder must be one of them."""
     root = Path(root)
     if not root.exists():
         raise UserFileNotFoundError(f"{root}: data directory does not exist")
@@ -221,12 +208,8 @@ def scan_image_folder(root: str | Path, class_names: Sequence[str] | None = None
 
 
 def stratified_split(labels: Sequence[int], fraction: float, seed: int = 0) -> tuple[list[int], list[int]]:
-    """Indices (train, held_out) with ``fraction`` of each class held out, reproducible from ``seed``.
-
-    The held-out total is ceil(fraction * N) (as scikit-learn's train_test_split); it is shared among classes
-    by largest remainder (ties to the lower class index), and every class keeps at least one training example.
-    Uses a private torch.Generator, never the global RNG, so the split does not depend on what ran before.
-    """
+    """Indices (train, held_out), ceil(fraction * N) held out (as scikit-learn) by largest remainder per class,
+    each class keeping one training example at least; from a private generator seeded by ``seed``."""
     if not 0.0 <= fraction < 1.0:
         raise UserError(f"data.val_fraction: expected a value in [0, 1), got {fraction}")
     labels_t = torch.as_tensor(list(labels), dtype=torch.long)
@@ -253,12 +236,7 @@ def stratified_split(labels: Sequence[int], fraction: float, seed: int = 0) -> t
 
 
 def synthetic_images(num_images: int, num_classes: int, img_size: int, in_chans: int, seed: int = 0):
-    """Learnable random images: (N, C, H, W) float in [0, 1] and (N,) labels, from a private generator.
-
-    Each class has its own smooth random template (a 4x4 grid of random colours, upsampled); an image is its
-    class template plus pixel noise, so a small model learns the classes within a few steps. Labels cycle
-    through the classes so every class is present.
-    """
+    """Learnable random images (N, C, H, W) in [0, 1]: a smooth template per class plus noise; and (N,) labels."""
     if num_images < 1 or num_classes < 1:
         raise UserError(f"data.synthetic_size and data.synthetic_classes must be >= 1, got {num_images}, {num_classes}")
     gen = torch.Generator().manual_seed(seed)

@@ -1,16 +1,9 @@
 """The embedded dataset: scikit-learn's handwritten digits (8x8 images, values 0..16, 10 classes).
 
 The arrays ship as package data in ``digits.npz`` (licence: digits_LICENSE.txt), so training needs neither
-scikit-learn nor a download: ``images`` uint8 (N, 8, 8), ``labels`` uint8 (N,), ``test_mask`` bool (N,), the fixed
-held-out split (stratified, 20%, made once with ``stratified_split(labels, 0.2, seed=0)`` and stored, so it stays
-the same whatever the torch version).
-
-Preprocessing: 0..16 -> [0, 1] -> bilinear upsampling to ``img_size`` -> ``(x - mean) / std``; ``in_chans`` 3
-repeats the gray channel. It all fits one small tensor, served by ``TensorImageDataset`` with batch augmentation
-(random shifts, no flip: a mirrored digit is a different symbol).
-
-Regenerate the file (needs scikit-learn, a development dependency):
-``python -c "from vitkit.data.digits import write_digits_npz; write_digits_npz()"``.
+scikit-learn nor a download; its ``test_mask`` is the fixed 20% held-out split, stored so that it stays the same
+whatever the torch version. Augmentation is random shifts, no flip (a mirrored digit is a different symbol).
+Regenerate the file with ``write_digits_npz()`` (needs scikit-learn, a development dependency).
 """
 
 from __future__ import annotations

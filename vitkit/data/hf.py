@@ -1,14 +1,10 @@
 """Hugging Face datasets through the ``datasets`` library: ``--data hf:WHERE`` (data.source=hf, data.root=WHERE).
 
-WHERE is, in the order tried: a ``save_to_disk`` directory (``load_from_disk``), parquet files (a file, glob or
-directory), an imagefolder (``imagefolder:DIR``, or a DIR with metadata.csv / metadata.jsonl), or a dataset
-name[:config] (``load_dataset``; from the ``datasets`` cache, so offline once downloaded).
-
-Splits: training on "train" (or the only split), evaluation on "validation", "valid", "val" or "test", in that
-order; with none, a stratified data.val_fraction of the training split is held out by the folder source's rule.
-The image column is data.image_column or the first ``Image`` feature (else image / img); the label column is
-data.label_column or the first ``ClassLabel`` feature (else label / labels). Class names are the ClassLabel's;
-plain labels become classes in sorted order.
+WHERE is, in the order tried: a ``save_to_disk`` directory, parquet files (a file, glob or directory), an
+imagefolder (``imagefolder:DIR``, or a DIR with metadata.csv / .jsonl), or a dataset name[:config] (read from the
+``datasets`` cache once downloaded). Training uses "train" (or the only split), evaluation the first of
+EVAL_SPLITS, else a held-out data.val_fraction. The image and label columns are data.image_column /
+data.label_column, else the first ``Image`` / ``ClassLabel`` feature, else a usual name.
 """
 
 from __future__ import annotations
@@ -82,8 +78,7 @@ def _parquet_files(where: str) -> list[str] | None:
 
 
 def _by_split(files: list[str]) -> dict[str, list[str]]:
-    """Parquet files grouped by the split their name or folder starts with (train, validation, test); files that
-    name no split are training files."""
+    """Parquet files grouped by the split their name or folder starts with (else training files)."""
     groups: dict[str, list[str]] = {}
     for file in files:
         parts = [Path(file).name.lower(), Path(file).parent.name.lower()]

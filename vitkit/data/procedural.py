@@ -1,16 +1,10 @@
 """Procedural shapes (``data.source=shapes``): a labelled image set of any size, drawn on the fly, stored nowhere.
 
-Image ``i`` of a split is a pure function of (``data.split_seed``, split, ``i``), so the same index gives the same
-picture in any process and growing subsets are nested; training (stream 0, ``data.num_images``) and evaluation
-(stream 1, ``data.eval_images``) never share a generator. Each image (RGB, ``data.img_size`` pixels) holds a
-cluttered low-contrast texture, a few distractor strokes, the object (disc, square, triangle, cross or ring, at a
-random place, rotation, size and colour that stands out of the texture) and a marker in the object's colour
-above or below it.
-
-The class is (shape, where the marker is): 10 classes, ``label = i % 10``, balanced in any prefix of 10k. The
-shape is local work inside a patch or two; the marker is a relation between objects several patches apart, so a
-model needs both, and the variation keeps more images useful. ``ProceduralShapes`` is the dataset,
-``render_shape_image`` draws one image as a uint8 array, ``sample_grid(path)`` writes a PNG of examples.
+Image ``i`` of a split is a pure function of (``data.split_seed``, split, ``i``): the same in any process, growing
+subsets nested, training and evaluation on generators of their own. Each holds a low-contrast texture, a few
+distractor strokes, the object (disc, square, triangle, cross or ring, placed, turned, sized and coloured at
+random) and a marker in its colour above or below it. The class is (shape, where the marker is), ``i % 10``:
+the shape is local work inside a patch or two, the marker a relation several patches apart, so a model needs both.
 """
 
 from __future__ import annotations
@@ -49,8 +43,7 @@ def _colour(rng: np.random.Generator) -> np.ndarray:
 
 
 def _background(rng: np.random.Generator, yy: np.ndarray, xx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """((S, S, 3) float32 in [0, 1], its base colour): noise, stripes, gradient + noise, or checkerboard, each a
-    low-contrast texture (within 0.3 of a base colour) so that the object, drawn far from that colour, stands out."""
+    """((S, S, 3) float32 in [0, 1], its base colour): a texture within 0.3 of the base, for the object to stand out."""
     size = yy.shape[0]
     kind = int(rng.integers(_BACKGROUNDS))
     base = _colour(rng) * 0.7
@@ -141,12 +134,8 @@ def render_shape_image(seed: int, stream: int, index: int, size: int = 32) -> tu
 
 
 class ProceduralShapes(Dataset):
-    """``num_images`` shape images of split ``stream``, drawn in ``__getitem__``: (float (C, S, S), label).
-
-    Pixels are normalised by ``(x - mean) / std`` per channel; ``in_chans=1`` averages the colours to grey. A set
-    of at most ``CACHE_BYTES`` of pixels keeps each image once drawn (per process, per DataLoader worker): a small
-    subset trained for many epochs draws each image once, not once an epoch. A large one is drawn every time.
-    """
+    """``num_images`` shape images of split ``stream``, drawn in ``__getitem__`` (kept once drawn, per process,
+    up to ``CACHE_BYTES``): (float (C, S, S) normalised by ``(x - mean) / std``, label)."""
 
     CACHE_BYTES = 512 * 2**20
 
@@ -199,8 +188,7 @@ class ProceduralShapes(Dataset):
 
 
 def sample_grid(path: str | Path, per_class: int = 8, seed: int = 0, size: int = 32, scale: int = 3) -> Path:
-    """A PNG of ``per_class`` training images of every class, one class per row (its name in the file's
-    docstring order: disc_above, disc_below, square_above, ...), each pixel ``scale`` times enlarged."""
+    """A PNG of ``per_class`` training images of every class, a row per class in CLASS_NAMES' order."""
     from PIL import Image
 
     n = len(CLASS_NAMES)
@@ -218,6 +206,3 @@ def sample_grid(path: str | Path, per_class: int = 8, seed: int = 0, size: int =
     path.parent.mkdir(parents=True, exist_ok=True)
     Image.fromarray(grid, mode="RGB").save(path)
     return path
-
-
-__all__ = ["CLASS_NAMES", "RELATIONS", "SHAPES", "ProceduralShapes", "render_shape_image", "sample_grid"]

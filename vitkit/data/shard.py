@@ -1,10 +1,8 @@
 """``vitkit shard SOURCE OUT_DIR``: any source vitkit reads, written as WebDataset shards with a manifest.
 
-Each sample is ``KEY.png`` or ``KEY.jpg`` (the stored image: files and Hugging Face images keep their own JPEG
-or PNG bytes; decoded arrays are written as PNG, lossless) and ``KEY.cls`` (the class index as text). Shards are
-``train-000000.tar``, ... and ``val-000000.tar``, ... (the source's evaluation split); ``manifest.json`` records
-the sample count of every shard, the totals, the class names and the source's preprocessing (as the
-``data.key=value`` overrides to train with), so ``--data wds:OUT_DIR`` knows its epoch length without a pass.
+Each sample is the stored image (its own JPEG / PNG / WebP bytes, decoded arrays as PNG) and ``KEY.cls`` (the
+class index as text), in ``train-000000.tar``, ... and ``val-000000.tar``, ...; ``manifest.json`` records every
+shard's sample count, the class names and the source's preprocessing (as ``data.key=value`` overrides).
 """
 
 from __future__ import annotations
@@ -12,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -40,18 +39,11 @@ def png(array: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def _sniff(data: bytes) -> str:
-    """The extension a stored image's bytes call for: jpg or png (anything else is re-encoded as PNG)."""
-    with Image.open(io.BytesIO(data)) as img:
-        return {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}.get(img.format or "", "")
-
-
 def _encoded(data: bytes) -> tuple[bytes, str]:
-    ext = _sniff(data)
-    if ext:
-        return data, ext
+    """A stored image's bytes and extension: JPEG, PNG and WebP as they are, anything else re-encoded as PNG."""
     with Image.open(io.BytesIO(data)) as img:
-        return png(np.asarray(img.convert("RGB"))), "png"
+        ext = {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}.get(img.format or "", "")
+        return (data, ext) if ext else (png(np.asarray(img.convert("RGB"))), "png")
 
 
 def raw_images(ds: Dataset, mean: list[float], std: list[float]) -> Iterator[Raw]:
@@ -134,16 +126,7 @@ def write_shards(cfg: DataConfig, out_dir: str | Path, shard_size: int = 1000) -
         items = digits_raw(split == "val") if cfg.source == "digits" else raw_images(ds, info.mean, info.std)
         shards = write_split(items, out, split, shard_size)
         splits[split] = {"shards": shards, "total": sum(s["count"] for s in shards)}
-    src = SourceFields.of(cfg)
-    hints = {
-        "img_size": src.img_size,
-        "in_chans": src.in_chans,
-        "train_augment": src.train_augment,
-        "flip": src.flip,
-        "shift_pixels": src.shift_pixels,
-        "mean": info.mean,
-        "std": info.std,
-    }
+    hints = {**asdict(SourceFields.of(cfg)), "mean": info.mean, "std": info.std}
     doc = {
         "format": MANIFEST_FORMAT,
         "version": 1,

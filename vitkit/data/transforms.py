@@ -1,14 +1,10 @@
-"""Image loading and the paper's preprocessing, with Pillow and torch only.
+"""Image loading and the paper's preprocessing, with Pillow and torch only: 8-bit RGB pixels scaled to [0, 1] and
+normalised with ``(x - mean) / std`` ([-1, 1] for the default mean = std = 0.5).
 
-Pixels are read as 8-bit RGB, scaled to [0, 1] and normalised with ``(x - mean) / std``; the default
-mean = std = 0.5 gives the paper's [-1, 1] range.
-
-- Evaluation (``eval_transform``; ``image_transform`` for a checkpoint's Preprocessing record): resize to
-  ``img_size`` squared as the official fine-tuning code does, or, with ``crop_fraction < 1``, resize the short
-  side to ``img_size / crop_fraction`` and centre-crop. Evaluation always decodes in full.
-- Training (``train_transform``): the inception crop (5-100% of the area, aspect ratio 3/4..4/3) plus an
-  optional flip; a random shift for small images such as the digits (``"shift"``); or ``"none"``. A JPEG not
-  decoded yet (``open_image``) is decoded at the smallest DCT scale that keeps the crop ``img_size`` pixels.
+- Evaluation (``eval_transform``; ``image_transform`` for a Preprocessing record): resize the whole image, as the
+  official fine-tuning code does, or with ``crop_fraction < 1`` the short side, then centre-crop.
+- Training (``train_transform``): the inception crop plus an optional flip, a random shift for small images such
+  as the digits, or ``"none"``. A JPEG not decoded yet is decoded at the smallest DCT scale the crop allows.
 
 Randomness comes from torch's global RNG, drawn in a fixed count per call whatever the outcome, so seeding torch
 before a call reproduces it. ``augment_images`` augments a whole batch of tensors in one ``grid_sample`` call.
@@ -26,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, ImageOps
 
+from .. import preprocessing
 from ..errors import UserError, UserFileNotFoundError
 from ..preprocessing import Preprocessing
 
@@ -36,19 +33,13 @@ CROP_ATTEMPTS = 10  # boxes drawn per image; if none fits, the whole image is us
 
 
 def load_image(path: str | Path) -> Image.Image:
-    """Open an image file fully decoded as 8-bit RGB; any failure is a ValueError naming the file.
-
-    Grayscale, bilevel, palette and CMYK images are converted; an alpha channel (RGBA, LA, palette with
-    transparency) is composited onto white, so transparent strokes do not vanish into an arbitrary background
-    colour; 16-bit and float images are rescaled rather than clipped; EXIF orientation is applied.
-    """
+    """Open an image file fully decoded as 8-bit RGB (alpha onto white, 16-bit and float rescaled, EXIF
+    orientation applied); any failure is a ValueError naming the file."""
     return decode_image(open_image(path))
 
 
 def open_image(path: str | Path) -> Image.Image:
-    """An image file with its header read (size, format, EXIF) and its pixels not yet decoded: the transforms
-    decode it (``decode_image``), the training one at the reduced size its crop needs. A missing file or one that
-    is not an image is a ValueError naming the file, as in ``load_image``."""
+    """An image file with its header read, for the transforms to decode at the size they need (decode_image)."""
     path = Path(path)
     try:
         return Image.open(path)
@@ -71,9 +62,7 @@ def upright_size(img: Image.Image) -> tuple[int, int]:
 
 
 def decode_image(img: Image.Image, reduce: int = 1) -> Image.Image:
-    """The image as 8-bit RGB with its EXIF orientation applied (see ``load_image``). One not decoded yet is
-    decoded now, and a JPEG at 1/``reduce`` of its size where ``reduce`` is 2, 4 or 8 (libjpeg's DCT scaling: far
-    less work than the full decode and a resize); a decoding failure is a ValueError naming the file."""
+    """The image as 8-bit RGB (see ``load_image``); a JPEG not decoded yet at 1/``reduce`` of its size (DCT)."""
     if not is_undecoded(img):
         return to_rgb(img)
     try:
@@ -89,8 +78,7 @@ def decode_image(img: Image.Image, reduce: int = 1) -> Image.Image:
 
 
 def jpeg_reduction(crop: tuple[float, float], size: int) -> int:
-    """The largest DCT scale-down (8, 4, 2 or 1) that keeps a crop of (w, h) pixels at least ``size`` pixels on
-    both sides, so the crop is still shrunk (never enlarged) to ``size``."""
+    """The largest DCT scale-down (8, 4, 2 or 1) that keeps a crop of (w, h) pixels at least ``size`` on a side."""
     return next((s for s in (8, 4, 2) if min(crop) >= size * s), 1)
 
 
@@ -118,24 +106,20 @@ def _high_depth_to_uint8(arr: np.ndarray) -> np.ndarray:
 
 
 def channel_stats(value: float | Sequence[float], in_chans: int, name: str, where: str = "data") -> list[float]:
-    """A mean or std given as one number or one per channel -> a list of ``in_chans`` floats.
-
-    ``where`` names the source in errors (``data`` for a config, a checkpoint's metadata for prediction).
-    """
-    values = [float(value)] * in_chans if isinstance(value, (int, float)) else [float(v) for v in value]
-    if len(values) == 1:
-        values = values * in_chans
-    if len(values) != in_chans:
-        raise UserError(f"{where}.{name}: expected one value or {in_chans} (one per channel), got {list(values)}")
+    """A mean or std given as one number or one per channel -> a list of ``in_chans`` floats (``where`` in errors)."""
+    values = preprocessing.channel_stats(value, in_chans, name, where)
     if name == "std" and any(v <= 0 for v in values):
         raise UserError(f"{where}.std: every value must be > 0, got {values}")
     return values
 
 
-def _infer_chans(mean: float | Sequence[float], in_chans: int | None) -> int:
-    if in_chans is not None:
-        return in_chans
-    return len(mean) if isinstance(mean, Sequence) and len(mean) in (1, 3) else 3
+def _stats(
+    mean: float | Sequence[float], std: float | Sequence[float], in_chans: int | None
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std; without ``in_chans``, as many channels as a sequence ``mean`` has (1 or 3), else 3."""
+    if in_chans is None:
+        in_chans = len(mean) if isinstance(mean, Sequence) and len(mean) in (1, 3) else 3
+    return tuple(channel_stats(mean, in_chans, "mean")), tuple(channel_stats(std, in_chans, "std"))
 
 
 def to_tensor(img: Image.Image, mean: Sequence[float], std: Sequence[float]) -> torch.Tensor:
@@ -170,8 +154,7 @@ class EvalTransform:
         if self.crop_fraction == 1.0:
             img = img.resize((self.img_size, self.img_size), Image.Resampling.BILINEAR)
         else:
-            img = _resize_short_side(img, round(self.img_size / self.crop_fraction))
-            img = _center_crop(img, self.img_size)
+            img = _resize_short_side_and_crop(img, round(self.img_size / self.crop_fraction), self.img_size)
         return to_tensor(img, self.mean, self.std)  # (C, img_size, img_size)
 
 
@@ -217,20 +200,14 @@ def eval_transform(
     crop_fraction: float = 1.0,
     in_chans: int | None = None,
 ) -> Callable[[Image.Image], torch.Tensor]:
-    """Deterministic preprocessing: PIL image -> float tensor (in_chans, img_size, img_size).
-
-    in_chans defaults to the length of ``mean`` when it is a sequence, else 3; 1 converts to grayscale.
-    """
+    """Deterministic preprocessing: PIL image -> float tensor (in_chans, img_size, img_size); 1 channel is grey."""
     if not 0.0 < crop_fraction <= 1.0:
         raise UserError(f"crop_fraction: expected a value in (0, 1], got {crop_fraction}")
-    chans = _infer_chans(mean, in_chans)
-    mean_c, std_c = channel_stats(mean, chans, "mean"), channel_stats(std, chans, "std")
-    return EvalTransform(img_size, tuple(mean_c), tuple(std_c), crop_fraction)
+    return EvalTransform(img_size, *_stats(mean, std, in_chans), crop_fraction)
 
 
 def image_transform(prep: Preprocessing) -> Callable[[Image.Image], torch.Tensor]:
-    """The evaluation transform a checkpoint's preprocessing record describes: PIL image -> float tensor
-    (in_chans, size, size); a record whose input is not square is a UserError (this transform makes squares)."""
+    """The evaluation transform a preprocessing record describes (a square input, else a UserError)."""
     return eval_transform(prep.square_size(), prep.mean, prep.std, prep.crop_fraction, prep.in_chans)
 
 
@@ -245,16 +222,11 @@ def train_transform(
     shift_pixels: int = 0,
     in_chans: int | None = None,
 ) -> Callable[[Image.Image], torch.Tensor]:
-    """Random preprocessing for training: PIL image -> float tensor (in_chans, img_size, img_size).
-
-    ``augment``: "inception_crop" (random box, area in [crop_area_min, 1] of the image, resized), "shift"
-    (resize, then move by up to ``shift_pixels`` in each direction, filling with black) or "none" (resize).
-    ``flip`` adds a random horizontal flip. Draws from torch's global RNG.
-    """
+    """Random preprocessing for training: PIL image -> float tensor (in_chans, img_size, img_size). ``augment``:
+    "inception_crop" (a box of [crop_area_min, 1] of the area, resized), "shift" (resize, then move by up to
+    ``shift_pixels``, filling with black) or "none"; ``flip`` adds a random horizontal flip."""
     check_augment(augment, crop_area_min, shift_pixels)
-    chans = _infer_chans(mean, in_chans)
-    mean_c, std_c = channel_stats(mean, chans, "mean"), channel_stats(std, chans, "std")
-    return TrainTransform(img_size, tuple(mean_c), tuple(std_c), augment, flip, crop_area_min, shift_pixels)
+    return TrainTransform(img_size, *_stats(mean, std, in_chans), augment, flip, crop_area_min, shift_pixels)
 
 
 def check_augment(augment: str, crop_area_min: float, shift_pixels: int) -> None:
@@ -281,10 +253,8 @@ def sample_crop_boxes(
 ) -> torch.Tensor:
     """Inception-crop boxes (n, 4) as float (top, left, h, w) in pixels, drawn from torch's global RNG.
 
-    Each box covers a uniform fraction in [area_min, 1] of the image area with a log-uniform aspect ratio
-    (w / h) in ratio_range; a draw that does not fit is retried, up to ``attempts`` times, and an image
-    with no fitting draw gets the whole image (as tf.image.sample_distorted_bounding_box does).
-    Boxes are continuous (sub-pixel), which Pillow's resize box and grid_sample both accept.
+    Each covers a uniform fraction in [area_min, 1] of the image with a log-uniform aspect ratio; a draw that does
+    not fit is retried up to ``attempts`` times, then the box is the whole image (as tf's sampler does).
     """
     area = height * width * torch.empty(n, attempts).uniform_(area_min, 1.0)  # (n, attempts)
     log_lo, log_hi = math.log(ratio_range[0]), math.log(ratio_range[1])
@@ -311,9 +281,7 @@ def augment_images(
 ) -> torch.Tensor:
     """Augment a batch (N, C, H, W) -> (N, C, H, W) in one vectorised resampling, from torch's global RNG.
 
-    ``augment`` as in ``train_transform``; "inception_crop" here crops and resizes back to the same size.
-    Borders exposed by a shift are filled with ``fill`` (one value or one per channel). Draw order: crop boxes
-    (or integer shifts), then flips -- a fixed number of draws for a given N.
+    ``augment`` as in ``train_transform``; ``fill`` for borders a shift exposes. A fixed number of draws per N.
     """
     check_augment(augment, crop_area_min, shift_pixels)
     n, _, height, width = images.shape
@@ -347,13 +315,9 @@ def augment_images(
     return out + fill_t
 
 
-def _resize_short_side(img: Image.Image, size: int) -> Image.Image:
-    scale = size / min(img.width, img.height)
-    new = (max(1, round(img.width * scale)), max(1, round(img.height * scale)))
-    return img.resize(new, Image.Resampling.BILINEAR)
-
-
-def _center_crop(img: Image.Image, size: int) -> Image.Image:
-    left = (img.width - size) // 2
-    top = (img.height - size) // 2
+def _resize_short_side_and_crop(img: Image.Image, short: int, size: int) -> Image.Image:
+    """Resize so that the short side is ``short`` pixels, then take the centred ``size`` x ``size`` square."""
+    scale = short / min(img.width, img.height)
+    img = img.resize((max(1, round(img.width * scale)), max(1, round(img.height * scale))), Image.Resampling.BILINEAR)
+    left, top = (img.width - size) // 2, (img.height - size) // 2
     return img.crop((left, top, left + size, top + size))

@@ -1,18 +1,13 @@
 """WebDataset shards through the ``webdataset`` library: ``--data wds:WHERE`` (data.source=wds, data.root=WHERE).
 
-WHERE is a directory written by ``vitkit shard`` (its manifest.json names the train and val shards and their
-sample counts), or a shard pattern with braces (``/data/train-{000000..000127}.tar``; without a manifest the
-samples are counted by one pass at start-up). A sample is ``KEY.png|jpg|jpeg|webp`` and ``KEY.cls``.
+WHERE is a directory written by ``vitkit shard`` (its manifest.json counts the samples), or a shard pattern
+(``train-{000000..000127}.tar``, counted at start-up) of ``KEY.png|jpg|jpeg|webp`` and ``KEY.cls`` samples.
 
-Order, across ranks and DataLoader workers: epoch e reads the shards in a permutation drawn from (seed, e); the
-stream's first ``steps_per_epoch * batch_size`` samples are cut into one contiguous block per rank, shuffled in a
-buffer seeded by (seed, e, rank), and its micro-batches dealt to the workers in turn. So every sample of an epoch
-is seen exactly once across ranks and workers (but the last partial batch, dropped as the other sources drop
-it), and the order does not depend on the number of workers.
-
-Resume: the order is a function of (seed, epoch, world size), so a resumed run replays its epoch's stream up to
-its step, reading but not decoding what it skips, and continues exactly where it was; with another world size an
-exact resume is impossible, and a printed line says so.
+Epoch e reads the shards in a permutation drawn from (seed, e); its first ``steps_per_epoch * batch_size``
+samples are cut into one block per rank, shuffled in a buffer seeded by (seed, e, rank), and the micro-batches
+dealt to the workers in turn: every sample is seen once an epoch, whatever the number of workers. The order is a
+function of (seed, epoch, world size), so a resumed run replays its epoch's stream up to its step without
+decoding it, and continues exactly where it was (with the same world size).
 """
 
 from __future__ import annotations
@@ -74,8 +69,7 @@ def read_shard_manifest(path: str | Path) -> dict[str, Any]:
 
 
 def expand_pattern(pattern: str) -> list[str]:
-    """Brace and glob patterns -> existing local shard files, in pattern order (braces and $VARS expanded by
-    webdataset's own ``expand_urls``; "::" joins patterns)."""
+    """Brace and glob patterns (webdataset's ``expand_urls``) -> existing local shard files, in pattern order."""
     wds = require("webdataset", "data.source=wds")
     paths: list[str] = []
     for item in wds.shardlists.expand_urls(pattern):
@@ -88,8 +82,7 @@ def expand_pattern(pattern: str) -> list[str]:
 
 
 def find_shards(where: str, split: str = "train") -> Shards | None:
-    """The shards of ``split`` that WHERE names (a shard directory, or a pattern), counted; None if WHERE is a
-    directory whose manifest has no such split."""
+    """The shards of ``split`` that WHERE names, counted; None for a shard directory without that split."""
     if Path(where).is_dir():
         manifest = Path(where) / MANIFEST_NAME
         if not manifest.is_file():
@@ -138,8 +131,7 @@ def read_shard(path: str) -> Iterator[Sample]:
 
 
 def decode(sample: Sample) -> tuple[Image.Image, int]:
-    """(image, class index) of a raw sample, the image opened but not decoded; a sample without an image or a
-    class, or whose image is not one, is a UserError."""
+    """(image, class index) of a raw sample, the image opened but not decoded."""
     image_key = next((k for k in IMAGE_KEYS if k in sample), None)
     if image_key is None or "cls" not in sample:
         raise UserError(
@@ -155,8 +147,7 @@ def decode(sample: Sample) -> tuple[Image.Image, int]:
 
 
 def transformed(transform: Transform, image: Image.Image, sample: Sample) -> torch.Tensor:
-    """The transform of a decoded sample's image (a training crop of a JPEG decodes at a reduced size); a file
-    that fails to decode is a UserError naming the shard and the sample."""
+    """The transform of a sample's image; a file that fails to decode is a UserError naming the sample."""
     try:
         return transform(image)
     except UserError as e:
@@ -178,8 +169,7 @@ def shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterat
 
 
 class WebDatasetStream(IterableDataset):
-    """Training shards as a stream; ``batches()`` follows the run's plan (module docstring). ``len()`` is the
-    sample count; iterating yields every sample once in shard order (preprocessed), for inspection."""
+    """Training shards as a stream, read by ``batches()``; iterating yields every sample in shard order."""
 
     def __init__(self, shards: Shards, transform: Transform, shuffle_buffer: int = 1000) -> None:
         self.shards, self.transform, self.shuffle_buffer = shards, transform, shuffle_buffer
@@ -223,7 +213,7 @@ class WebDatasetStream(IterableDataset):
         pin_memory: bool = False,
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """This rank's micro-batches (images, labels) for steps [start_step, total_steps), through a DataLoader."""
-        plan = _Plan(self, batch_size, accum_steps, world_size, rank, seed, start_step, total_steps, num_workers)
+        plan = _Plan(self, batch_size, accum_steps, world_size, rank, seed, start_step, total_steps)
         if plan.steps_per_epoch < 1:
             raise UserError(f"the shards hold {len(self)} samples, fewer than one batch ({batch_size})")
         skipped = (start_step % plan.steps_per_epoch) * accum_steps * plan.per_rank
@@ -238,32 +228,23 @@ class WebDatasetStream(IterableDataset):
         yield from loader
 
 
+@dataclass
 class _Plan(IterableDataset):
     """One rank's stream of micro-batches; worker w of K decodes the micro-batches g with g % K == w."""
 
-    def __init__(
-        self,
-        stream: WebDatasetStream,
-        batch_size: int,
-        accum_steps: int,
-        world_size: int,
-        rank: int,
-        seed: int,
-        start_step: int,
-        total_steps: int,
-        num_workers: int,
-    ) -> None:
-        self.stream, self.accum_steps, self.world_size, self.rank, self.seed = (
-            stream,
-            accum_steps,
-            world_size,
-            rank,
-            seed,
-        )
-        self.start_step, self.total_steps, self.num_workers = start_step, total_steps, num_workers
-        self.steps_per_epoch = len(stream) // batch_size
-        self.per_rank = batch_size // accum_steps // world_size  # items of one micro-batch on one rank
-        self.block_size = self.steps_per_epoch * batch_size // world_size  # items of one epoch on one rank
+    stream: WebDatasetStream
+    batch_size: int
+    accum_steps: int
+    world_size: int
+    rank: int
+    seed: int
+    start_step: int
+    total_steps: int
+
+    def __post_init__(self) -> None:
+        self.steps_per_epoch = len(self.stream) // self.batch_size
+        self.per_rank = self.batch_size // self.accum_steps // self.world_size  # items of one micro-batch on one rank
+        self.block_size = self.steps_per_epoch * self.batch_size // self.world_size  # items of one epoch on one rank
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         info = get_worker_info()

@@ -1,21 +1,19 @@
 """Few-shot linear evaluation (paper sec 4.1): how good is a frozen representation with only k labels per class?
 
-For each shot count and seed, ``shots`` training examples per class are drawn, their features are whitened
-with the subset's own mean and std (plus 1e-5), a constant bias feature of 100 is appended (large, so the
-bias is almost unregularised), and a ridge regression to {-1, 1} one-hot targets is solved in closed form:
+For each shot count and seed, ``shots`` examples per class are whitened with their own mean and std, given a
+bias feature of 100 (almost unregularised) and fitted by a closed-form ridge regression to {-1, 1} targets:
 
     primal (n >= d):  W = (X^T X + l2 I)^-1 X^T Y        a (d, d) system
     dual   (n <  d):  W = X^T (X X^T + l2 I)^-1 Y        an (n, n) system, the same W
 
-Test examples go through the same whitening and are assigned the argmax of X_test W. The protocol follows
-big_vision's fewshot_lsr evaluator: seeds 0..seeds-1, each seed one permutation per class, and the subsets
-for growing shot counts are prefixes of that permutation (so the 5-shot set contains the 1-shot set).
+Test examples, whitened the same, get the argmax of X_test W. As big_vision's fewshot_lsr evaluator, each seed
+draws one permutation per class, whose prefixes are the subsets (the 5-shot set contains the 1-shot set).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,20 +47,12 @@ class FewShotResult:
         return float(np.std(self.accuracy[shots]))
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "l2": self.l2,
-            "num_classes": self.num_classes,
-            "num_test": self.num_test,
-            "feature_dim": self.feature_dim,
-            "seeds": self.seeds,
-            "results": {
-                str(k): {"mean": self.mean(k), "std": self.std(k), "per_seed": v} for k, v in self.accuracy.items()
-            },
-        }
+        """Every field but the accuracies, then ``results``: per shot count the mean, std and per-seed accuracies."""
+        results = {str(k): {"mean": self.mean(k), "std": self.std(k), "per_seed": v} for k, v in self.accuracy.items()}
+        return {**{k: v for k, v in asdict(self).items() if k != "accuracy"}, "results": results}
 
     def record(self, checkpoint: str, data: dict[str, Any]) -> dict[str, Any]:
-        """The document ``vitkit fewshot`` writes (and a sweep's fewshot probe): the checkpoint, the data config
-        the features were taken on, then ``to_dict``."""
+        """The document ``vitkit fewshot`` writes: the checkpoint, the data config, then ``to_dict``."""
         return {"checkpoint": checkpoint, "data": data, **self.to_dict()}
 
     def table(self) -> str:
@@ -90,12 +80,7 @@ def whiten(train_x: torch.Tensor, *others: torch.Tensor) -> list[torch.Tensor]:
 
 
 def ridge_regression(x: torch.Tensor, y: torch.Tensor, l2: float) -> torch.Tensor:
-    """argmin_W |X W - Y|^2 + l2 |W|^2 in closed form, solved in the smaller of the two dimensions.
-
-    x (n, d), y (n, K) -> W (d, K). With n >= d the (d, d) normal equations are solved; with n < d the
-    (n, n) dual system, W = X^T (X X^T + l2 I)^-1 Y, which is the same solution (push-through identity)
-    at a fraction of the cost when there are far fewer examples than features, as in few-shot evaluation.
-    """
+    """argmin_W |X W - Y|^2 + l2 |W|^2: x (n, d), y (n, K) -> W (d, K), as the smaller of the two systems."""
     if l2 <= 0:
         raise UserError(f"ridge_regression: l2 must be positive, got {l2}")
     n, d = x.shape
@@ -146,10 +131,7 @@ def fewshot_from_features(
     l2: float = DEFAULT_L2,
     num_classes: int | None = None,
 ) -> FewShotResult:
-    """Few-shot accuracy from precomputed features (N, d) and integer labels (N,), e.g. to reuse features.
-
-    ``seeds`` is a count (seeds 0..n-1) or an explicit list; ``num_classes`` defaults to max label + 1.
-    """
+    """Few-shot accuracy from precomputed features (N, d) and labels (N,); ``seeds``: a count or a list."""
     train_x, test_x = torch.as_tensor(train_x).double(), torch.as_tensor(test_x).double()
     train_y, test_y = torch.as_tensor(train_y).long(), torch.as_tensor(test_y).long()
     if train_x.ndim != 2 or test_x.ndim != 2 or train_x.shape[1] != test_x.shape[1]:
@@ -179,10 +161,7 @@ def fewshot_from_features(
 def extract_features(
     model: nn.Module, data: Data, batch_size: int = 128, device: str | torch.device | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Frozen representations (N, d) and labels (N,): the pre-logits output, or the pooled token without one.
-
-    Works for any model with forward_features / forward_head(pre_logits=True): ViTs and the ResNet baseline.
-    """
+    """Frozen representations (N, d) and labels (N,): forward_head(pre_logits=True) of any vitkit model."""
     forward_features, forward_head = getattr(model, "forward_features", None), getattr(model, "forward_head", None)
     if not callable(forward_features) or not callable(forward_head):
         raise UserError(f"few-shot: {type(model).__name__} has no forward_features / forward_head(pre_logits=True)")

@@ -5,8 +5,7 @@
             with autocast(device, amp):        # vitkit.device
                 out = model(x)
 
-Used by training's evaluation (classification and masked patch prediction), ``vitkit eval`` and few-shot
-feature extraction, so that each reads its data, freezes its model and restores it in the same way.
+Training's evaluation, ``vitkit eval`` and few-shot features all read their data and freeze their model here.
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ Data = Dataset[Any] | DataLoader[Any] | tuple[torch.Tensor, torch.Tensor] | list
 
 @contextlib.contextmanager
 def evaluating(model: nn.Module) -> Iterator[nn.Module]:
-    """The model in eval mode and autograd off for the block; its train / eval mode restored afterwards, also when
-    the block raises."""
+    """The model in eval mode and autograd off for the block; its mode restored afterwards, whatever happens."""
     was_training = model.training
     model.eval()
     try:
@@ -48,8 +46,7 @@ def _pair(data: tuple[torch.Tensor, torch.Tensor] | list[torch.Tensor]) -> tuple
 
 
 def _in_memory(data: Dataset[Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(images, labels) of a data set whose items are the rows of its ``images`` and ``labels`` tensors
-    (vitkit.data.TensorImageDataset): sliced, they need no per-item work."""
+    """(images, labels) of a data set held as two tensors (TensorImageDataset), sliced without per-item work."""
     images, labels = getattr(data, "images", None), getattr(data, "labels", None)
     if isinstance(images, torch.Tensor) and isinstance(labels, torch.Tensor):
         return images, labels
@@ -68,12 +65,8 @@ def batches(
     dtype: torch.dtype | None = None,
     num_workers: int = 0,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(images, labels) batches of data in order, on device (images cast to dtype when given); a DataLoader is
-    read as it is. An empty data set is a UserError, raised once the loop finds nothing to read.
-
-    A data set read by several ``num_workers`` is loaded in chunks of batch_size / num_workers images, joined into
-    batches of batch_size on the device: the same batches, with every worker decoding a share of each. Read whole,
-    a held-out set of a few batches would keep a few workers busy while the others wait."""
+    """(images, labels) batches of data in order, on device, images cast to dtype; an empty data set is a UserError.
+    Several ``num_workers`` each load a chunk of every batch, so that a small set keeps them all busy."""
     device = torch.device(device)
     source: Iterable[Any]
     chunk = batch_size

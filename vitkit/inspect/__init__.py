@@ -1,8 +1,5 @@
-"""Looking inside a ViT (paper sec 4.5): attention maps, rollout, attention distance, embedding structure.
-
-Library functions return tensors / arrays (``attention``, ``embeddings``); ``figures`` draws them as the
-paper does; ``report.write_inspection`` writes all of them for a model and a few images.
-"""
+"""Looking inside a ViT (paper sec 4.5): ``attention`` and ``embeddings`` return arrays, ``figures`` draws them as
+the paper does, ``report.write_inspection`` writes them all for a model and a few images."""
 
 from .attention import (
     AttentionRecord,

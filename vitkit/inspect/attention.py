@@ -1,12 +1,9 @@
 """What the attention does: per-layer maps, attention rollout (paper Fig 6) and mean attention distance (Fig 7, 11).
 
-Every function works for class-token, GAP, MAP-head and first-token models and for hybrids: attention is
-recorded from the explicit attention path (softmax(q k^T / sqrt(d)) written out), and token positions come from
-the model's token grid and stride (input pixels per token, stem reduction included). What the pooled output
-reads of the last layer's tokens (the ``readout``) decides which rows the maps show: the class token's row, the
-mean of the rows (GAP), the first token's row, or, for a MAP head, the rows weighted by its probe's attention
-(the probe attends to the encoded tokens with no residual of its own, so that attention is exactly how the
-pooled output draws on them).
+Every function works for class-token, GAP, MAP-head and first-token models and for hybrids (token positions come
+from the model's grid and stride). The rows a map shows are those the pooled output reads of the last layer's
+tokens: the class token's, the mean of all (GAP), the first token's, or for a MAP head the rows weighted by its
+probe's attention (the probe has no residual, so that attention is exactly how the pooled output draws on them).
 """
 
 from __future__ import annotations
@@ -28,42 +25,34 @@ Attention = torch.Tensor | Sequence[torch.Tensor]  # (L, B, nh, N, N) or L x (B,
 
 @dataclass
 class AttentionRecord:
-    """One forward pass with its attention: ``attention`` (L, B, nh, N, N), the token ``grid`` (gh, gw),
-    ``num_prefix_tokens`` (1 with a class token, else 0), ``stride`` (input pixels per token) and ``logits``.
-    ``readout`` (B, N): the weights with which the pooled output reads the last layer's tokens, when they are
-    neither the class token's nor the mean of the patches (a MAP head's probe attention, averaged over its
-    heads; one-hot on the first token); ``map_attention`` (B, nh, N): a MAP head's probe attention per head."""
+    """One forward pass with its attention probabilities, as record_attention keeps it."""
 
-    attention: torch.Tensor
-    grid: tuple[int, int]
+    attention: torch.Tensor  # (L, B, nh, N, N)
+    grid: tuple[int, int]  # (gh, gw) patch tokens
     num_prefix_tokens: int
-    stride: tuple[int, int]
+    stride: tuple[int, int]  # input pixels per token
     logits: torch.Tensor
-    readout: torch.Tensor | None = None
-    map_attention: torch.Tensor | None = None
-
-
-def _check_vit(model: nn.Module) -> VisionTransformer:
-    if not isinstance(model, VisionTransformer):
-        raise UserError(f"attention inspection needs a VisionTransformer, got {type(model).__name__}")
-    return model
+    # (B, N): how the pooled output weighs the last layer's tokens when it is neither the class token nor their mean
+    readout: torch.Tensor | None = None  # MAP: the probe's head-averaged attention; first-token: one-hot
+    map_attention: torch.Tensor | None = None  # (B, nh, N): a MAP head's probe attention
 
 
 @torch.no_grad()
 def record_attention(model: nn.Module, images: torch.Tensor) -> AttentionRecord:
     """Run images (B, C, H, W) through the model in eval mode and keep every layer's attention probabilities."""
-    vit = _check_vit(model)
-    with evaluating(vit):
-        out = vit.forward_intermediates(images, return_attention=True)
+    if not isinstance(model, VisionTransformer):
+        raise UserError(f"attention inspection needs a VisionTransformer, got {type(model).__name__}")
+    with evaluating(model):
+        out = model.forward_intermediates(images, return_attention=True)
     grid = tuple(out["patches"].shape[-2:])
     attention = torch.stack(out["attention"])  # (L, B, nh, N, N)
     probe, readout = out.get("map_attention"), None
     if probe is not None:
         probe = probe[:, :, 0]  # (B, nh, N): the one probe's row
         readout = probe.mean(dim=1)
-    elif vit.config.classifier == "first":
+    elif model.config.classifier == "first":
         readout = F.one_hot(torch.zeros(attention.shape[1], dtype=torch.long), attention.shape[-1]).to(attention)
-    return AttentionRecord(attention, grid, vit.num_prefix_tokens, vit.config.stride, out["logits"], readout, probe)
+    return AttentionRecord(attention, grid, model.num_prefix_tokens, model.config.stride, out["logits"], readout, probe)
 
 
 def attention_maps(model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -79,12 +68,7 @@ def _stack(attention: Attention) -> torch.Tensor:
 
 
 def query_attention(record: AttentionRecord) -> torch.Tensor:
-    """Per layer and head, where the output token looks: (L, B, nh, gh, gw) over the patch tokens.
-
-    Class-token models: the class token's attention row. GAP models (no class token): the mean of the rows of
-    all patch tokens, since the pooled output is their average. MAP and first-token models: the rows weighted by
-    the record's readout.
-    """
+    """Per layer and head, where the pooled output looks: (L, B, nh, gh, gw) over the patch tokens."""
     attn, p = _stack(record.attention), record.num_prefix_tokens
     if record.readout is not None:
         rows = torch.einsum("bn,lbhnm->lbhm", record.readout.float(), attn)[..., p:]
@@ -93,7 +77,6 @@ def query_attention(record: AttentionRecord) -> torch.Tensor:
     return rows.reshape(*rows.shape[:3], *record.grid)
 
 
-# ------------------------------------------------------------------------------------------------ rollout
 def attention_rollout(attention: Attention, residual: bool = True) -> torch.Tensor:
     """Attention rollout (Abnar & Zuidema 2020): how much each output token draws on each input token.
 
@@ -115,13 +98,8 @@ def attention_rollout(attention: Attention, residual: bool = True) -> torch.Tens
 
 
 def rollout_map(record: AttentionRecord) -> torch.Tensor:
-    """The rollout of the output that feeds the head, as a map over the patch grid: (B, gh, gw), sums to <= 1.
-
-    Class-token models: the class token's row over the patch tokens (the mass it keeps on itself is
-    dropped). GAP models: the mean of the patch tokens' rows, matching the average pooling. MAP models: the
-    rollout carried one step further through the probe's head-averaged attention (no identity: the probe has no
-    residual path); first-token models: the first token's row.
-    """
+    """The rollout of the output that feeds the head, over the patch grid: (B, gh, gw), sums to <= 1 (the class
+    token's own share is dropped; a MAP head's probe is one more step, without identity: it has no residual)."""
     joint, p = attention_rollout(record.attention), record.num_prefix_tokens
     if record.readout is not None:
         rows = (record.readout.float()[:, None, :] @ joint)[:, 0, p:]
@@ -143,13 +121,8 @@ def upsample_map(maps: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return F.interpolate(maps[:, None].float(), size=size, mode="bilinear", align_corners=False)[:, 0]
 
 
-# ----------------------------------------------------------------------------------------------- distance
 def token_distances(grid: tuple[int, int], stride: tuple[int, int]) -> torch.Tensor:
-    """Euclidean distance in input pixels between the centres of every pair of patch tokens: (N, N), N = gh * gw.
-
-    Token (r, c) covers input pixels [r * sh, (r + 1) * sh) x [c * sw, (c + 1) * sw); the centres' offset
-    cancels in the differences.
-    """
+    """Euclidean distance in input pixels between the centres of every pair of patch tokens: (N, N), N = gh * gw."""
     rows, cols = torch.meshgrid(torch.arange(grid[0]), torch.arange(grid[1]), indexing="ij")
     pos = torch.stack([rows.flatten() * stride[0], cols.flatten() * stride[1]], dim=1).double()  # (N, 2)
     return torch.cdist(pos, pos)
@@ -160,11 +133,9 @@ def mean_attention_distance(
 ) -> torch.Tensor:
     """Mean attention distance in input pixels per layer and head, averaged over images and queries: (L, nh).
 
-    For each patch query, the distance to each patch key weighted by the attention probability, summed
-    (the attention analogue of a CNN's receptive field size, paper Fig 7 right). The class token has no
-    position, so its query row is left out, and the mass a patch query puts on the class key is removed by
-    renormalising the query's weights over the patch keys (the distance is then the mean over where it
-    looks in the image).
+    For each patch query, the distance to each patch key weighted by its attention (a CNN's receptive field size,
+    paper Fig 7 right). The class token has no position: its row is left out and each patch query's weights are
+    renormalised over the patch keys.
     """
     attn = _stack(attention)
     n = grid[0] * grid[1]
@@ -180,11 +151,8 @@ def mean_attention_distance(
 
 
 def attention_distance(model: nn.Module, images: torch.Tensor, batch_size: int = 8) -> np.ndarray:
-    """Mean attention distance (pixels) per layer and head over a set of images (B, C, H, W): (L, nh).
-
-    Runs in batches so that the (L, B, nh, N, N) attention of a large set never has to be held at once
-    (ViT-B/16 at 224 px: 30 MB per image).
-    """
+    """Mean attention distance (pixels) per layer and head over images (B, C, H, W): (L, nh), in batches so that
+    the attention of a large set is never held at once."""
     if len(images) == 0:
         raise UserError("attention_distance: no images given")
     total: torch.Tensor | None = None

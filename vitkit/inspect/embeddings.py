@@ -12,10 +12,7 @@ from ..models import VisionTransformer
 
 
 def position_embedding_grid(model: nn.Module) -> torch.Tensor:
-    """The position embedding added to each patch token, as (gh, gw, D); the class-token row is left out.
-
-    Works for every table the model can use (learned 1-D, learned_2d, sincos_2d), at the model's own grid.
-    """
+    """The position embedding added to each patch token at the model's grid, as (gh, gw, D), for any table."""
     if not isinstance(model, VisionTransformer):
         raise UserError(f"{type(model).__name__} has no position embedding (only ViTs do)")
     gh, gw = model.grid
@@ -28,22 +25,15 @@ def position_embedding_grid(model: nn.Module) -> torch.Tensor:
 
 
 def position_similarity(grid_embeddings: torch.Tensor) -> torch.Tensor:
-    """Cosine similarity of each patch's position embedding with every patch's: (gh, gw, D) -> (gh, gw, gh, gw).
-
-    ``sim[r, c]`` is the (gh, gw) map of how similar patch (r, c)'s embedding is to each other patch's.
-    """
+    """Cosine similarity of each patch's position embedding with every patch's: (gh, gw, D) -> (gh, gw, gh, gw)."""
     gh, gw, d = grid_embeddings.shape
     flat = F.normalize(grid_embeddings.reshape(gh * gw, d).double(), dim=1)  # (N, D) unit rows
     return (flat @ flat.T).float().reshape(gh, gw, gh, gw)
 
 
 def patch_filter_components(model: nn.Module, num_components: int = 28) -> tuple[torch.Tensor, torch.Tensor]:
-    """Top principal components of the patch-embedding filters and their share of the variance.
-
-    The linear patch embedding (D, C, P, P) is D filters over P x P x C pixels; PCA across the D filters gives
-    the basis the model mostly projects patches onto. Returns components (n, C, P, P) and the explained
-    variance ratio (n,). Hybrids embed patches of a CNN feature map, which are not pixels: ValueError.
-    """
+    """Top principal components (n, C, P, P) of the D patch-embedding filters and their share of the variance (n,):
+    the basis the model mostly projects patches onto. A hybrid, whose patches are no pixels, is a UserError."""
     embed = getattr(model, "patch_embed", None)
     if embed is None:
         raise UserError(f"{type(model).__name__} has no patch embedding (only ViTs do)")

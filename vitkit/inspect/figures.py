@@ -1,9 +1,5 @@
-"""PNG figures of the inspection arrays, drawn like the paper's Fig 6, 7 and 11.
-
-Figures are built with matplotlib's object API on the Agg canvas (no pyplot, no global state, no display),
-so they can be written from any thread or a headless machine. Grids of many small maps are drawn as one
-mosaic image with blank gutters, which stays fast and readable for any token grid (7x7 to 24x24 and beyond).
-"""
+"""PNG figures of the inspection arrays, drawn like the paper's Fig 6, 7 and 11, with matplotlib's object API on the
+Agg canvas (no pyplot, no global state: any thread, any machine); a grid of small maps is one mosaic image."""
 
 from __future__ import annotations
 
@@ -65,10 +61,8 @@ def _mosaic_axes(ax, cols: int, rows: int, tile_w: int, tile_h: int, gap: int) -
 def _display_image(image: np.ndarray) -> tuple[np.ndarray, str | None]:
     """(H, W, C) in [0, 1] -> something imshow draws faithfully, and the colour map for one channel."""
     image = np.clip(np.asarray(image, dtype=np.float64), 0.0, 1.0)
-    if image.ndim == 3 and image.shape[2] == 1:
-        image = image[..., 0]
     if image.ndim == 3 and image.shape[2] != 3:
-        image = image.mean(axis=2)  # neither grey nor RGB: show the channel mean
+        image = image.mean(axis=2)  # grey, or neither grey nor RGB: one channel, the mean
     return image, ("gray" if image.ndim == 2 else None)
 
 
@@ -76,12 +70,8 @@ def _display_image(image: np.ndarray) -> tuple[np.ndarray, str | None]:
 def plot_patch_components(
     components: np.ndarray, explained: np.ndarray, path: str | Path, title: str = "", ncols: int = 7
 ) -> Path:
-    """Principal components of the patch-embedding filters (n, C, P, P) as a grid of RGB (or grey) patches.
-
-    Each component is shown with its own min-max scaling (a component's sign and scale are arbitrary) and
-    labelled with its share of the filters' variance. The grid is one mosaic image on one axes (white gutters),
-    not an axes per patch: the same picture, drawn several times faster.
-    """
+    """Principal components of the patch-embedding filters (n, C, P, P) as a grid of RGB (or grey) patches, each
+    min-max scaled (its sign and scale are arbitrary) and labelled with its share of the variance."""
     components, explained = np.asarray(components, dtype=np.float64), np.asarray(explained, dtype=np.float64)
     n, chans = components.shape[:2]
     ncols = min(ncols, n)
@@ -110,8 +100,7 @@ def plot_patch_components(
 
 # --------------------------------------------------------------------------------------------- Fig 7 centre
 def plot_position_similarity(similarity: np.ndarray, path: str | Path, title: str = "") -> Path:
-    """The paper's grid of small maps: tile (r, c) shows the cosine similarity of patch (r, c)'s position
-    embedding with every patch's. similarity: (gh, gw, gh, gw)."""
+    """Fig 7 centre: tile (r, c) is patch (r, c)'s position-embedding similarity (gh, gw, gh, gw) with every patch."""
     sim = np.asarray(similarity, dtype=np.float64)
     gh, gw = sim.shape[:2]
     gap = max(1, max(gh, gw) // 8)
@@ -135,10 +124,7 @@ def plot_position_similarity(similarity: np.ndarray, path: str | Path, title: st
 def plot_attention_distance(
     distance: np.ndarray, path: str | Path, title: str = "", reference: float | None = None, subtitle: str = ""
 ) -> Path:
-    """Mean attention distance (pixels) of every head against network depth, one colour per head.
-
-    distance: (L, nh). ``reference`` draws the distance that uniform attention over all patches would give.
-    """
+    """Mean attention distance (L, nh) of every head against depth; ``reference``: uniform attention's."""
     dist = np.asarray(distance, dtype=np.float64)
     layers, heads = dist.shape
     fig = Figure(figsize=(max(4.5, 0.35 * layers + 2.5), 4.0))
@@ -167,10 +153,7 @@ ROLLOUT_ALPHA = 0.6  # opacity of the rollout colours blended onto the image
 
 
 def plot_rollout(image: np.ndarray, heat: np.ndarray, path: str | Path, title: str = "") -> Path:
-    """Input image, attention rollout overlaid as a heat map, and the image weighted by the rollout (Fig 6).
-
-    image: (H, W, C) in [0, 1]; heat: (H, W) rollout upsampled to the image, any non-negative scale.
-    """
+    """Fig 6: the image (H, W, C) in [0, 1], the rollout heat (H, W) overlaid, and the image weighted by it."""
     return _save(rollout_figure(image, heat, title), path)
 
 
@@ -182,18 +165,16 @@ def rollout_figure(image: np.ndarray, heat: np.ndarray, title: str = "") -> Figu
     fig = Figure(figsize=(10.5, 3.9))
     axes = [fig.add_subplot(1, 3, i + 1) for i in range(3)]
     axes[0].imshow(img, cmap=cmap, vmin=0, vmax=1)
-    axes[0].set_title("Input")
     axes[1].imshow(img, cmap=cmap, vmin=0, vmax=1)
     # The overlay's colours and the colour bar come from this one mapping. The overlay is drawn as those colours
     # (alpha applied to it alone): a bar built from a translucent image would copy its alpha and show the
     # scale faded over white, which matches nothing on the image.
     heat_colors = mpl.cm.ScalarMappable(norm=mpl.colors.Normalize(0, 1), cmap="inferno")
     axes[1].imshow(heat_colors.to_rgba(heat), alpha=ROLLOUT_ALPHA)
-    axes[1].set_title("Attention rollout")
     weighted = img * (heat if img.ndim == 2 else heat[..., None])
     axes[2].imshow(weighted, cmap=cmap, vmin=0, vmax=1)
-    axes[2].set_title("Image x attention")
-    for ax in axes:
+    for ax, name in zip(axes, ("Input", "Attention rollout", "Image x attention")):
+        ax.set_title(name)
         ax.set_xticks([])
         ax.set_yticks([])
     fig.colorbar(heat_colors, ax=axes, fraction=0.02, pad=0.02, label="Rollout (share of max)")
@@ -203,10 +184,8 @@ def rollout_figure(image: np.ndarray, heat: np.ndarray, title: str = "") -> Figu
 
 
 def plot_attention_maps(maps: np.ndarray, path: str | Path, title: str = "", what: str = "") -> Path:
-    """Per-layer, per-head attention over the patch grid: (L, nh, gh, gw) as rows of layers, columns of heads.
-
-    Each map is scaled by its own maximum, so a head's pattern is visible even when it is spread thin.
-    """
+    """Per-layer, per-head attention (L, nh, gh, gw) as rows of layers, columns of heads, each map scaled by its own
+    maximum so that a head's pattern shows even when spread thin."""
     maps = np.asarray(maps, dtype=np.float64)
     layers, heads, gh, gw = maps.shape
     peak = maps.reshape(layers, heads, -1).max(axis=-1)[..., None, None]

@@ -2,15 +2,9 @@
 
     write_inspection(model, "inspect/", images=[InspectionImage("cat", x, display)], class_names=[...])
 
-Figures (paper sec 4.5): patch-embedding principal components (Fig 7 left), position-embedding similarity
-(Fig 7 centre), mean attention distance against depth over all given images (Fig 7 right / Fig 11), and per
-image an attention-rollout overlay (Fig 6) and the per-layer, per-head attention maps. What cannot be drawn
-for a model (a hybrid's filters, a model without position embedding, attention without images) is listed
-in the index with the reason.
-
-An earlier inspection in the directory (its index, or figures named as these are) is replaced only with
-``force=True``; its figures that the new index does not list are then removed, so the directory always holds
-exactly what its index lists.
+Figures (paper sec 4.5): Fig 7 (patch-embedding components, position-embedding similarity, attention distance),
+and per image the rollout (Fig 6) and attention maps; what cannot be drawn is listed with the reason. An earlier
+inspection is replaced only with ``force=True``, so the directory always holds exactly what its index lists.
 """
 
 from __future__ import annotations
@@ -72,11 +66,8 @@ def images_from_files(files: Sequence[str | Path], prep: Preprocessing) -> tuple
 def images_from_dataset(
     dataset: Dataset[Any], prep: Preprocessing, count: int, class_names: Sequence[str] | None = None
 ) -> list[InspectionImage]:
-    """Up to ``count`` images of a dataset of (image, label), one per class first, for figures.
-
-    Labels are read from the dataset's ``labels`` / ``targets`` when it has them (no image decoding);
-    otherwise only the first ``50 * count`` items are looked at.
-    """
+    """Up to ``count`` images of a dataset of (image, label), one per class first; labels come from its ``labels``
+    or ``targets`` (no decoding), else from its first ``50 * count`` items."""
     labels = getattr(dataset, "labels", None)
     if labels is None:
         labels = getattr(dataset, "targets", None)
@@ -180,11 +171,8 @@ def write_inspection(
     force: bool = False,
 ) -> dict[str, Any]:
     """Write the inspection figures of a ViT into out_dir, plus index.md / index.json; returns the index, with
-    ``removed``: the figures of an earlier inspection that the new index does not list (deleted).
-
-    ``images`` get a rollout and an attention-map figure each; the attention distance is averaged over
-    ``distance_inputs`` (B, C, H, W) when given (the paper uses 128 images), else over ``images``. An earlier
-    inspection in out_dir is a UserError unless ``force`` (see check_output_dir).
+    ``removed``: the earlier inspection's figures it does not list (deleted). The attention distance is averaged
+    over ``distance_inputs`` (B, C, H, W) when given, else ``images``. An earlier inspection needs ``force``.
     """
     if not isinstance(model, VisionTransformer):
         raise UserError(f"inspect: needs a VisionTransformer, got {type(model).__name__} (no attention to show)")
@@ -192,7 +180,15 @@ def write_inspection(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     index, title = _Index(out), describe(model)  # the figures run the model in eval mode (record_attention)
-    doc = _draw(model, index, title, images, class_names, distance_inputs, num_components, notes)
+    _draw_embeddings(model, index, num_components)
+    if images:
+        inputs = torch.stack([im.input for im in images])  # (B, C, H, W)
+        _draw_distance(model, index, title, inputs if distance_inputs is None else distance_inputs)
+        for i, im in enumerate(images):
+            _draw_image(model, index, i, im, class_names)
+    else:
+        index.skip("attention distance, rollout and attention maps", "no images given")
+    doc = index.save(title, notes)
     # the new index is saved: what an earlier one listed and this one does not goes
     kept = {w["file"] for w in doc["written"]} | set(INDEX_FILES)
     removed = [p for p in earlier_outputs(out) if p.name not in kept]
@@ -216,11 +212,9 @@ def inspect_checkpoint(
 ) -> dict[str, Any]:
     """``vitkit inspect``: write_inspection for a checkpoint (any format, ``model_overrides`` changing its config).
 
-    The images explained are ``files`` (with the model's preprocessing), else ``num_images`` held-out images of
-    the checkpoint's data (train.run_eval.checkpoint_data: its own, or what ``data`` and ``data_overrides`` name),
-    ``distance_images`` of them for the attention distance; class names are those of ``labels`` (a file, one a
-    line) or the checkpoint's. Returns the index, with ``unread`` (the files that could not be read) and
-    ``without_images`` (why no image was explained: no files given and no data known; else None).
+    The images explained are ``files``, else ``num_images`` held-out images of the checkpoint's data
+    (run_eval.checkpoint_data), ``distance_images`` of them for the attention distance. Returns the index, with
+    ``unread`` (files that could not be read) and ``without_images`` (why no image was explained, or None).
     """
     from ..data import build_datasets
     from ..predict import load_for_inference, read_labels
@@ -249,25 +243,9 @@ def inspect_checkpoint(
     return {**index, "unread": unread, "without_images": without}
 
 
-def _draw(
-    model: VisionTransformer,
-    index: _Index,
-    title: str,
-    images: Sequence[InspectionImage],
-    class_names: Sequence[str] | None,
-    distance_inputs: torch.Tensor | None,
-    num_components: int,
-    notes: Sequence[str],
-) -> dict[str, Any]:
-    """Every figure write_inspection draws, added to the index; returns the saved index."""
-    _draw_embeddings(model, index, num_components)
-    if not images:
-        index.skip("attention distance, rollout and attention maps", "no images given")
-        return index.save(title, notes)
-    device = next(model.parameters()).device
-    inputs = torch.stack([im.input for im in images]).to(device)  # (B, C, H, W)
-    sample = inputs if distance_inputs is None else distance_inputs.to(device)
-    dist = attention_distance(model, sample)  # (L, nh)
+def _draw_distance(model: VisionTransformer, index: _Index, title: str, sample: torch.Tensor) -> None:
+    """Fig 7 right / Fig 11: the mean attention distance per head and layer over the sample (B, C, H, W)."""
+    dist = attention_distance(model, sample.to(next(model.parameters()).device))  # (L, nh)
     uniform = float(token_distances(model.grid, model.config.stride).mean())
     path = figures.plot_attention_distance(
         dist,
@@ -276,17 +254,12 @@ def _draw(
         reference=uniform,
         subtitle=f"{title}; averaged over {len(sample)} image(s)",
     )
-    index.add(
-        path, "Fig 7 right / Fig 11", f"mean attention distance (pixels) per head and layer, {len(sample)} images"
-    )
-    for i, im in enumerate(images):
-        _draw_image(model, index, i, im, inputs[i : i + 1], class_names)
-    return index.save(title, notes)
+    what = f"mean attention distance (pixels) per head and layer, {len(sample)} images"
+    index.add(path, "Fig 7 right / Fig 11", what)
 
 
 def _draw_embeddings(model: VisionTransformer, index: _Index, num_components: int) -> None:
-    """Fig 7 left and centre: the patch-embedding filters' principal components, the position embeddings'
-    similarity (each skipped, with the reason, for a model that has none)."""
+    """Fig 7 left and centre, each skipped with the reason for a model that has no such embedding."""
     out = index.out
     try:
         comps, explained = patch_filter_components(model, num_components)
@@ -294,29 +267,20 @@ def _draw_embeddings(model: VisionTransformer, index: _Index, num_components: in
         index.add(path, "Fig 7 left", f"first {len(comps)} principal components of the patch-embedding filters")
     except UserError as e:  # a model without pixel patches (a hybrid)
         index.skip("patch-embedding principal components (Fig 7 left)", str(e))
-
     try:
         sim = position_similarity(position_embedding_grid(model))
-        path = figures.plot_position_similarity(
-            sim.numpy(),
-            out / "position_embedding_similarity.png",
-            title=f"Position embedding similarity ({model.config.pos_embed}, {sim.shape[0]}x{sim.shape[1]} patches)",
-        )
+        title = f"Position embedding similarity ({model.config.pos_embed}, {sim.shape[0]}x{sim.shape[1]} patches)"
+        path = figures.plot_position_similarity(sim.numpy(), out / "position_embedding_similarity.png", title=title)
         index.add(path, "Fig 7 centre", "cosine similarity of each patch's position embedding with all others")
     except UserError as e:  # a model without a position embedding
         index.skip("position-embedding similarity (Fig 7 centre)", str(e))
 
 
 def _draw_image(
-    model: VisionTransformer,
-    index: _Index,
-    i: int,
-    im: InspectionImage,
-    x: torch.Tensor,
-    class_names: Sequence[str] | None,
+    model: VisionTransformer, index: _Index, i: int, im: InspectionImage, names: Sequence[str] | None
 ) -> None:
-    """Fig 6 (the attention rollout) and the attention maps of every layer and head for image i (x: (1, C, H, W))."""
-    out = index.out
+    """Fig 6 (the attention rollout) and the attention maps of every layer and head for image i."""
+    out, x = index.out, im.input[None].to(next(model.parameters()).device)  # (1, C, H, W)
     what = {
         "token": "class token's attention over the patches",
         "map": "attention of the tokens the MAP head reads, weighted by its probe's attention",
@@ -327,7 +291,7 @@ def _draw_image(
     heat = upsample_map(rollout_map(rec), display.shape[:2])[0].cpu().numpy()  # (H, W)
     probs = rec.logits.float().softmax(-1)[0]
     k = int(probs.argmax())
-    guess = class_names[k] if class_names and k < len(class_names) else str(k)
+    guess = names[k] if names and k < len(names) else str(k)
     caption = f"{im.name}: predicted {guess} ({100 * float(probs[k]):.1f}%)"
     caption += f", true {im.label}" if im.label is not None else ""
     stem = f"{i:02d}_{_slug(im.name)}"

@@ -23,10 +23,8 @@ class MAPHead(nn.Module):
     """Multi-head attention pooling, as big_vision's MAPHead: a learned probe token attends to the encoded tokens
     (B, N, D), then x + MLP(LN(x)); the probe's output (B, D) is the pooled representation.
 
-    big_vision builds it with the encoder's head count and MLP width; q, k, v and out have biases, the LayerNorm
-    and the MLP (``mlp``, built by the caller: the encoder's, without dropout, as big_vision's head has none) are
-    the model's. Parameter names follow timm's AttentionPoolLatent (latent, q, kv, proj, norm, mlp), so its state
-    dicts map one to one.
+    q, k, v and out have biases; the head count, LayerNorm and ``mlp`` (the encoder's, without dropout, built by the
+    caller) are the model's. Parameter names follow timm's AttentionPoolLatent, so its state dicts map one to one.
     """
 
     def __init__(self, dim: int, num_heads: int, mlp: nn.Module, *, ln_eps: float = 1e-6) -> None:

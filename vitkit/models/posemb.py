@@ -142,15 +142,11 @@ def resample_relative(
 ) -> torch.Tensor:
     """Resize a relative-position table (*offsets, D) to new offset axes ``shape`` (see relative_table_shape).
 
-    The offset range stretches with the grid, as resample_pos_embed stretches an absolute table: each (row,
-    column) offset axis is interpolated linearly with align_corners=True (bilinear, one axis at a time), which
-    keeps offset 0 at offset 0 and maps the largest offsets onto the largest. An axis reduced to a single offset
-    keeps offset 0. The table itself is returned when the shape (and, for 1-D tables, the grid) already fits.
-
-    A 1-D table is indexed by raster-order offsets, whose meaning depends on the grid's width (one row down is
-    +gw), so stretching it as a line would mix up its geometry; it is read through (row, column) offsets instead
-    (see resample_relative_1d), which needs the tables' grids: ``old_grid`` and ``new_grid``, or, when not given,
-    the square grids the lengths imply.
+    The offset range stretches with the grid, as resample_pos_embed stretches an absolute table: each (row, column)
+    offset axis is interpolated linearly with align_corners=True, offset 0 kept at 0 (also where an axis shrinks to
+    one offset); the table itself is returned where it fits. A 1-D table's raster offsets depend on the grid's width
+    (one row down is +gw), so it is resampled through (row, column) offsets (resample_relative_1d), which needs
+    ``old_grid`` and ``new_grid`` (default: the square grids the lengths imply).
     """
     if table.ndim - 1 != len(shape):
         raise UserError(f"relative table {tuple(table.shape)} has {table.ndim - 1} offset axes, not {len(shape)}")

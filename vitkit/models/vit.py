@@ -44,11 +44,8 @@ def attends_explicitly(attn_impl: str, x: Tensor) -> bool:
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention: softmax(q k^T / sqrt(d) [+ relative logits]) v, q, k, v and out with biases.
-
-    With ``rel_table`` (a grid's offset axes, posemb.relative_table_shape) it is relative position attention, and
-    ``rel_pos_embed`` its (*offsets, D) table of learned offset embeddings, which each head reads as it reads keys.
-    """
+    """Multi-head self-attention: softmax(q k^T / sqrt(d) [+ relative logits]) v, q, k, v and out with biases. With
+    ``rel_table`` (offset axes: posemb.relative_table_shape), ``rel_pos_embed`` holds a learned embedding per offset."""
 
     def __init__(
         self,

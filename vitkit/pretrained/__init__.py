@@ -1,8 +1,6 @@
 """Released weights by tag: ``resolve_pretrained("vit_b16.augreg_in21k_ft_in1k")`` -> (local path, its row).
 
-A tag is ``<model>.<weights>``: a registered model and one released file of it. Each row says where the file is,
-its size and sha256 where published, the evaluation preprocessing it was trained for, its classes, its licence
-and the config fields its model needs beyond the registry row (``row.preprocessing()``, ``row.metadata()``).
+A tag is ``<model>.<weights>``: a registered model and one released file of it, a row of the table.
 
     row.py       the row type and the class names shipped with the package
     table.py     the rows (PRETRAINED) and each model's default weights (DEFAULT_WEIGHTS)

@@ -1,15 +1,9 @@
 """The download cache: where each released file is kept, and whether the file there is the one its row names.
 
-One directory holds vitkit's downloads: ``$VITKIT_CACHE``, else ``$XDG_CACHE_HOME/vitkit``, else
-``~/.cache/vitkit``; a URL's file is kept under its URL's path there. Hub files live in huggingface_hub's cache
-(``$VITKIT_CACHE/huggingface`` when VITKIT_CACHE is set); a copy put by hand at ``<cache>/<repo>/<file>`` is used
-first. A file in the cache is used without any network access.
-
-A tag means one file. A cached file is checked before each use: never verified yet, by its listed size and that
-it reads as its format; once verified, against the sha256 recorded then. The first load of a file checks it
-against its row (``check_against_row``: every architecture field the row implies, its classes and resolution)
-and records its sha256 beside it (``<file>.verified.json``), so a file changed later is named, with how to
-download it anew, instead of loaded.
+A URL's file is kept under its URL's path in ``cache_dir()``, Hub files in huggingface_hub's cache (a copy put by
+hand at ``<cache>/<repo>/<file>`` first); a cached file is used without network access. The first load of a file
+checks it against its row and records its sha256 beside it (``<file>.verified.json``); every later use compares
+the file with that record, so a file changed since is named, with how to download it anew, instead of loaded.
 """
 
 from __future__ import annotations
@@ -111,28 +105,24 @@ def fits_listed(size: int, listed: str) -> bool:
 def check_file(path: Path, source: str, sha256: str | None, size: int | None, listed: str | None = None) -> None:
     """A downloaded file against its published size (exact, or as listed) and checksum; a mismatch deletes it."""
     got_size = path.stat().st_size
+    problem: str | None = None
     if size is not None and got_size != size:
+        problem = f"expected {size} bytes, got {got_size}"
+    elif listed is not None and not fits_listed(got_size, listed):
+        problem = f"expected about {listed} as listed, got {got_size} bytes"
+    elif sha256 is not None and (got := sha256_of(path)) != sha256.lower():
+        problem = f"sha256 mismatch (expected {sha256}, got {got})"
+    if problem is not None:
         path.unlink(missing_ok=True)
-        raise UserError(f"{source}: expected {size} bytes, got {got_size}; the download was deleted")
-    if listed is not None and not fits_listed(got_size, listed):
-        path.unlink(missing_ok=True)
-        raise UserError(f"{source}: expected about {listed} as listed, got {got_size} bytes; the download was deleted")
-    if sha256 is not None:
-        got = sha256_of(path)
-        if got != sha256.lower():
-            path.unlink(missing_ok=True)
-            raise UserError(f"{source}: sha256 mismatch (expected {sha256}, got {got}); the download was deleted")
+        raise UserError(f"{source}: {problem}; the download was deleted")
 
 
-# what a readable file of each format holds: an .npz member (official: under any tower prefix) or the file kind
 # what a readable file of each format holds: an .npz member (official: under any tower prefix) or the file kind
 _NPZ_MARKERS = {"official": "embedding/kernel", "big_transfer": "resnet/"}
 
 
 def unreadable(path: Path, format: str, full: bool = False) -> str | None:
-    """Why ``path`` is not a readable file of ``format`` ("official" / "big_transfer" .npz, a "timm" or "hf"
-    safetensors / config.json), or None. Cheap: the .npz directory and its names, or the safetensors header and
-    its length; ``full`` also checks every .npz member's CRC (a whole read, done once after each download)."""
+    """Why ``path`` is not a readable file of ``format``, or None; ``full`` also checks every .npz member's CRC."""
     import zipfile
 
     if path.suffix == ".npz" or format in _NPZ_MARKERS:
@@ -194,9 +184,6 @@ def first_line(error: BaseException) -> str:
 
 
 # ------------------------------------------------------------------------------------------------ trust
-# A tag means one file. After the first load of a cached file fits its row (``check_against_row``), its sha256
-# is recorded beside it (<file>.verified.json); every later use compares the file with it, so a file changed
-# since (a disk error, an overwrite, another file put in its place) is named instead of loaded.
 VERIFIED_SUFFIX = ".verified.json"
 
 
@@ -219,18 +206,14 @@ def refetch_hint(row: PretrainedRow, weights: Path) -> str:
 
 
 def verify_cached(row: PretrainedRow, path: Path) -> None:
-    """A cached file of ``row`` is what was verified before (its recorded sha256), or, never verified yet, of its
-    listed size, readable as its format and of its published sha256; else a one-line UserError naming it and how
-    to download it anew."""
+    """A cached file of ``row`` must be the one verified before (else of its size, format and sha256)."""
     problem = _cache_problem(row, path)
     if problem is not None:
         raise UserError(problem[1])
 
 
 def _cache_problem(row: PretrainedRow, path: Path) -> tuple[str, str] | None:
-    """What is wrong with a cached file, as (status for listings, one-line message), or None. A verified file is
-    compared with its record's size, then its sha256."""
-
+    """What is wrong with a cached file, as (status for listings, one-line message), or None."""
     weights = weights_file(row, path)
     remedy = refetch_hint(row, weights)
     record = _sidecar(weights)
@@ -275,9 +258,7 @@ ROW_FIELDS = {
 
 
 def check_against_row(row: PretrainedRow, path: Path, config: Mapping[str, Any], guessed: Mapping[str, Any]) -> None:
-    """A file read for a tag must be the model its row implies (architecture, classes, resolution); a file that
-    is not is refused in one line naming the file, the tag and the fields. Fields the file leaves to guess
-    (``guessed``) are the row's to say and are not compared. Passing records the file's sha256 beside it."""
+    """Refuse a file that is not the model its row implies; record the sha256 of one that is."""
     want = model_config(row.model, **row.config)
     arch = config.get("arch", "vit")
     if arch != want.arch:
@@ -298,7 +279,6 @@ def check_against_row(row: PretrainedRow, path: Path, config: Mapping[str, Any],
 
 
 def _record_verified(row: PretrainedRow, weights: Path) -> None:
-
     record = _sidecar(weights)
     if record.is_file():
         return
@@ -308,9 +288,7 @@ def _record_verified(row: PretrainedRow, weights: Path) -> None:
 
 
 def cache_status(row: PretrainedRow) -> str:
-    """For listings: "no", "cached (verified)" (its sha256 is the one recorded at its first load), "cached
-    (unverified)" (not loaded yet), "cached (changed)" (differs from what was verified), "cached (wrong file)"
-    (not the published sha256) or "cached (unreadable)" (not of its listed size, or not readable as its format)."""
+    """For listings: "no", or "cached (...)": verified, unverified, changed, wrong file or unreadable."""
     path = cached_path(row)
     if path is None:
         return "no"

@@ -1,13 +1,9 @@
 """Fetching a released file into the cache, checked before it is kept: ``download_url``, ``download_hub_files``.
 
-A URL file is downloaded by huggingface_hub's ``http_get`` (its session and proxies; a dropped connection is
-resumed with a Range request) into a temporary name, renamed only once checked (its announced length, its size
-exact or as listed, its sha256 where known, that it reads as its format), under a lock file: an interrupted,
-concurrent or bad download never leaves a file under the final name, and what a killed one left is removed by
-the next. One download has an overall deadline (``$VITKIT_DOWNLOAD_DEADLINE`` seconds, 4 hours by default), so
-a server that trickles bytes cannot hold it forever. A server that cannot be reached at all fails at once, in one
-line, instead of after retries with backoff; HF_HUB_OFFLINE stops URL downloads as it stops the Hub's. Hub files
-go through huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars).
+A URL file comes through huggingface_hub's ``http_get`` (its session, proxies and resume) into a temporary name,
+renamed only once checked, under a lock file: an interrupted, concurrent or bad download never leaves a file under
+the final name. A server that cannot be reached fails at once, in one line, instead of after retries with backoff.
+Hub files go through huggingface_hub (its cache, resume, HF_HUB_OFFLINE and progress bars).
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from ..errors import UserError
+from ..errors import UserError, quiet
 from ..io import atomic_write
 from .cache import cache_dir, check_file, checkpoint_path, first_line, hub_cache_dir, manual_hub_dir, unreadable
 from .row import PretrainedRow
@@ -37,11 +33,6 @@ def _hub_offline() -> bool:
 
     flag = os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in ("1", "ON", "YES", "TRUE")
     return flag or bool(hf_constants.HF_HUB_OFFLINE)
-
-
-def _hub_url(row: PretrainedRow, filename: str, revision: str | None = None) -> str:
-    endpoint = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
-    return f"{endpoint}/{row.hub_repo}/resolve/{revision or row.revision}/{filename}"
 
 
 def _lock(path: Path):
@@ -86,20 +77,11 @@ def download_url(
     listed_size: str | None = None,
     deadline: float | None = None,
 ) -> Path:
-    """Download ``url`` to ``dst`` (unless it is there), written through vitkit's ``atomic_write`` under a lock.
+    """Download ``url`` to ``dst`` (unless it is there) through ``atomic_write`` under a lock; returns dst.
 
     The body is checked before it is renamed onto dst: its announced length, its size (exact, or ``listed_size``
-    as the host lists it, rounded), its sha256, and that it is a readable file of ``format`` (an .npz whose
-    members all read back, with the arrays of that format; see ``unreadable``). A concurrent download of the
-    same file waits on the lock and then uses the first one's result; an interrupted one leaves nothing under
-    dst, and what a killed one left (atomic_write's temporary files) is removed by the next. The whole download
-    must finish within ``deadline`` seconds (default ``download_deadline()``), so a server that trickles bytes
-    does not hold it forever. The body comes through huggingface_hub's ``http_get`` (see ``_fetch``), which
-    resumes a dropped connection. Failures are one-line UserErrors naming the URL (or dst, for a full disk): an
-    HTTP error, a redirect loop, a body shorter than announced (after http_get's retries), a size / sha256 /
-    format mismatch (the download is deleted), the deadline, HF_HUB_OFFLINE, or no network (with where to put
-    the file by hand).
-    """
+    within the host's rounding), its sha256 and its ``format``, all within ``deadline`` seconds. A concurrent
+    download waits for the first one's file. Failures are one-line UserErrors naming the URL (or dst)."""
     import glob
 
     dst = Path(dst)
@@ -142,9 +124,7 @@ class _Stalled(Exception):
 
 
 class _Body(io.RawIOBase, BinaryIO):
-    """The file huggingface_hub's ``http_get`` writes a download into: vitkit's temporary file (atomic_write's),
-    with the overall deadline checked on each write (so a server that trickles bytes is cut off), and a write
-    the system refuses told apart from the network's errors."""
+    """The file ``http_get`` writes into: the deadline checked on each write, a refused write told apart."""
 
     def __init__(self, file: BinaryIO, ends: float) -> None:
         super().__init__()
@@ -166,9 +146,8 @@ class _Body(io.RawIOBase, BinaryIO):
         return self.file.tell()
 
     def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        # http_get resumes a dropped connection with a Range request; it seeks only to start over from the first
-        # byte when the server ignores Range and sends the whole file again. Starting over is worth it only while
-        # each attempt gets further than the last: a connection that always drops at the same byte would loop.
+        # http_get seeks to start over when the server ignores Range and resends the whole file: worth it only
+        # while each attempt gets further than the last (a connection that always drops at one byte would loop)
         got = self.file.tell()
         if got <= self.reached:
             raise _Stalled(f"the connection dropped again at byte {got}")
@@ -182,11 +161,9 @@ class _Body(io.RawIOBase, BinaryIO):
             raise _DiskError(e) from e
 
 
-# The chunk size huggingface_hub's http_get hands to its file is a module constant of huggingface_hub (10 MiB,
-# buffered before each write), with no argument to pass another. Buffered so, a server trickling less than
-# 10 MiB would never reach _Body.write, where the deadline is checked. While vitkit downloads, the constant is
-# None: httpx2's iter_bytes(chunk_size=None) yields each network read as it comes (the same bytes, in smaller
-# pieces). It is put back when the last of vitkit's downloads in this process ends.
+# http_get buffers huggingface_hub's DOWNLOAD_CHUNK_SIZE (10 MiB) before each write, so a server trickling less
+# would never reach _Body.write, where the deadline is checked. While vitkit downloads, the constant is None (each
+# network read as it comes) and it is put back when the last of vitkit's downloads in this process ends.
 _CHUNKS = threading.Lock()
 _chunk_users = 0
 _chunk_size = 10 * 2**20  # huggingface_hub's value, read again when the first download starts
@@ -211,45 +188,40 @@ def _chunk_per_read() -> Iterator[None]:
                 constants.DOWNLOAD_CHUNK_SIZE = _chunk_size
 
 
-def _unreachable(url: str) -> str | None:
-    """Why ``url``'s server cannot be reached at all (connection refused, no such host, no answer to connect),
-    or None when a connection opens, whatever the answer. One HEAD request through huggingface_hub's session,
-    without its retries: its downloads retry a refused connection with growing backoff, which is right
-    for a server that hiccups, not for a machine that is offline."""
+def _check_reachable(url: str, by_hand: str) -> None:
+    """Fail at once when ``url``'s server cannot be reached (one HEAD request, without retries and backoff)."""
     import httpx2
     from huggingface_hub import constants
     from huggingface_hub.utils import http_backoff
 
-    try:
-        http_backoff(
-            "HEAD", url, max_retries=0, retry_on_exceptions=(), retry_on_status_codes=(), follow_redirects=False,
-            timeout=constants.HF_HUB_ETAG_TIMEOUT,
-        )  # fmt: skip
-    except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
-        return first_line(e)
-    except (httpx2.HTTPError, httpx2.InvalidURL, OSError):
-        return None  # anything else is for the download itself to meet and report
-    return None
+    reason = None
+    with quiet("huggingface_hub"):
+        try:
+            http_backoff(
+                "HEAD", url, max_retries=0, retry_on_exceptions=(), retry_on_status_codes=(), follow_redirects=False,
+                timeout=constants.HF_HUB_ETAG_TIMEOUT,
+            )  # fmt: skip
+        except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
+            reason = first_line(e)
+        except (httpx2.HTTPError, httpx2.InvalidURL, OSError):
+            pass  # anything else is for the download itself to meet and report
+    if reason is not None:
+        raise UserError(f"{url}: cannot download ({reason}); without network access, {by_hand}") from None
 
 
 def _fetch(url: str, tmp: Path, dst: Path, progress: bool, deadline: float) -> None:
-    """The body of ``url`` into ``tmp`` through huggingface_hub's ``http_get`` (its session, proxies, resume of
-    a dropped connection with Range requests); failures as one-line UserErrors (a full disk as one naming dst).
-    The UserError is raised outside the except clauses, so no OSError rides along as its context."""
+    """The body of ``url`` into ``tmp`` through ``http_get``; failures as one-line UserErrors."""
     import httpx2
     from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
     from huggingface_hub.file_download import http_get
 
     ends = time.monotonic() + deadline
     by_hand = f"fetch this URL elsewhere and put the file at {dst}"
-    with _quiet_hub():
-        reason = _unreachable(url)
-    if reason is not None:
-        raise UserError(f"{url}: cannot download ({reason}); without network access, {by_hand}")
+    _check_reachable(url, by_hand)
     problem: str | None = None
     try:
         with contextlib.ExitStack() as stack:
-            stack.enter_context(_quiet_hub())
+            stack.enter_context(quiet("huggingface_hub"))
             try:
                 out = stack.enter_context(open(tmp, "wb"))  # the module's open: a test stands in a full disk
             except OSError as e:
@@ -280,8 +252,7 @@ def _fetch(url: str, tmp: Path, dst: Path, progress: bool, deadline: float) -> N
     except OfflineModeIsEnabled:
         problem = f"{url}: not in the cache and HF_HUB_OFFLINE is set; {by_hand}"
     except (httpx2.RemoteProtocolError, _Stalled, OSError) as e:
-        # the server closed the connection before the announced length, each retry included (http_get says so
-        # with an OSError: "Consistency check failed")
+        # the body ended before its announced length, each retry included (http_get: "Consistency check failed")
         problem = f"{url}: the download ended early ({first_line(e)}); no file was saved, run again to retry"
     except (httpx2.TransportError, httpx2.InvalidURL) as e:
         problem = f"{url}: cannot download ({first_line(e)}); without network access, {by_hand}"
@@ -308,9 +279,10 @@ def download_hub_files(row: PretrainedRow, progress: bool = True) -> Path:
     manual = manual_hub_dir(row)
     cache = hub_cache_dir()
     revision = row.revision
+    hub = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
     files: list[Path] = []
     for name in row.hub_files:
-        url = _hub_url(row, name, revision)
+        url = f"{hub}/{row.hub_repo}/resolve/{revision}/{name}"
         if len(row.hub_files) == 1:
             by_hand = f"fetch it elsewhere and put it at {manual / name}"
         else:
@@ -321,12 +293,9 @@ def download_hub_files(row: PretrainedRow, progress: bool = True) -> Path:
             if _hub_offline():
                 raise UserError(f"{url}: not in the cache and HF_HUB_OFFLINE is set; {by_hand}") from None
             endpoint = os.environ.get("HF_ENDPOINT") or None  # read per call (huggingface_hub reads it at import)
-            with _quiet_hub():
-                reason = _unreachable(url)
-            if reason is not None:
-                raise UserError(f"{url}: cannot download ({reason}); without network access, {by_hand}") from None
+            _check_reachable(url, by_hand)
             try:
-                with _quiet_hub():
+                with quiet("huggingface_hub"):
                     got = hf_hub_download(
                         row.repo, name, revision=revision, cache_dir=cache, endpoint=endpoint,
                         tqdm_class=None if progress else _tqdm_class(False),
@@ -351,21 +320,3 @@ def download_hub_files(row: PretrainedRow, progress: bool = True) -> Path:
         revision = path.parent.name if row.revision == "main" and len(path.parent.name) == 40 else revision
         files.append(path)
     return checkpoint_path(row, files)
-
-
-@contextlib.contextmanager
-def _quiet_hub() -> Iterator[None]:
-    """huggingface_hub's own log lines and warnings held back for one call (a refused connection is vitkit's one
-    line, not theirs too); its logger's level is restored after, so nothing changes for the rest of the process."""
-    import logging
-    import warnings
-
-    logger = logging.getLogger("huggingface_hub")
-    level = logger.level
-    logger.setLevel(logging.CRITICAL + 1)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        logger.setLevel(level)

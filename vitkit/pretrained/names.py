@@ -1,15 +1,10 @@
 """Names of released weights: vitkit's tags, timm's and Hugging Face's names for the same rows, and the one
 did-you-mean for a name vitkit does not know.
 
-A tag is ``<model>.<weights>``: a registered model and one released file of it (vitkit.pretrained.table). An
-alias gives an architecture (a registered model and the alias's resolution) and, where it names weights, the
-vitkit tag of the same released file: an AugReg alias keeps the file timm names (its default_cfgs URL) and
-resolves to the row with that very file, so it never lands on another run of the same model. Weights vitkit has
-no row for, or an architecture it does not register, are a UserError with the closest names.
-
-Sources: timm's vision_transformer.py, vision_transformer_hybrid.py and resnetv2.py (``default_cfgs``; the first
-tag of an architecture is what ``timm.create_model(name, pretrained=True)`` loads), and the google/vit-*
-repositories on the Hugging Face Hub (the transformers conversions of the 2020 release).
+An alias gives an architecture (a registered model at the alias's resolution) and, where it names weights, the
+vitkit tag of the very file it names (an AugReg alias: the row with timm's default_cfgs URL). Sources: timm's
+vision_transformer*.py and resnetv2.py ``default_cfgs`` (an architecture's first tag is timm's default), and the
+google/vit-* repositories on the Hugging Face Hub (the transformers conversions of the 2020 release).
 """
 
 from __future__ import annotations
@@ -22,26 +17,12 @@ from dataclasses import dataclass
 from ..errors import UserError, did_you_mean
 from ..models.registry import KNOWN_AS, MODELS, RENAMED, unknown_model
 from .row import PretrainedRow
-from .table import AUGREG, DEFAULT_WEIGHTS, PRETRAINED
-
-__all__ = [
-    "HF_NAMES",
-    "TIMM_ARCHS",
-    "TIMM_WEIGHTS",
-    "Resolved",
-    "default_pretrained",
-    "name_hint",
-    "get_pretrained",
-    "is_tag",
-    "list_pretrained",
-    "resolve_name",
-]
+from .table import AUGREG, DEFAULT_WEIGHTS, PRETRAINED, RUNS
 
 
 # ------------------------------------------------------------------------------------------------------ tags
 def default_pretrained(model: str) -> PretrainedRow:
-    """The row ``pretrained=True`` loads for a registered model (DEFAULT_WEIGHTS), or a UserError when the model
-    has no released weights."""
+    """The row ``pretrained=True`` loads for a registered model (DEFAULT_WEIGHTS)."""
     if model not in DEFAULT_WEIGHTS:
         raise UserError(f"{model} has no released weights; models with weights: {', '.join(DEFAULT_WEIGHTS)}")
     return PRETRAINED[f"{model}.{DEFAULT_WEIGHTS[model]}"]
@@ -78,9 +59,8 @@ def get_pretrained(tag: str, table: Mapping[str, PretrainedRow] | None = None) -
 # --------------------------------------------------------------------------------------------------- aliases
 @dataclass(frozen=True)
 class Resolved:
-    """What a model name means: a registered model, the input size the name gives (None: the row's own), and
-    the tag of the weights it names (None: an architecture only; ``default_tag`` is then what pretrained=True
-    loads). ``foreign`` is the timm or Hugging Face name it was spelt as, if any."""
+    """What a model name means: a registered model, the input size it gives, the tag of the weights it names (else
+    ``default_tag``: what pretrained=True loads) and the timm or Hugging Face name it was spelt as (``foreign``)."""
 
     model: str
     img_size: int | None = None
@@ -129,39 +109,32 @@ def _augreg(run: str, finetune: str | None = None) -> str:
     return f"{AUGREG}/{run}{'' if finetune is None else '--imagenet2012-' + finetune}.npz"
 
 
-_TI16 = "Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
+# the AugReg runs timm's default_cfgs name besides the table's own (pretrained.table.RUNS)
 _S32 = "S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0"
-_S16 = "S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0"
 _B32 = "B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0"
-_B32_384 = "B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0"
-_B16 = "B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0"
-_B8 = "B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0"
 _L16 = "L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1"
-_R_TI16 = "R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0"
 _R26_S32 = "R26_S_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.03-do_0.0-sd_0.0"
 _R26_S32_224 = "R26_S_32-i21k-300ep-lr_0.001-aug_light0-wd_0.03-do_0.1-sd_0.1"
 _R50_L32 = "R50_L_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0"
-_R50_L32_224 = "R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1"
 _FT224, _FT384 = "steps_20k-lr_0.03-res_224", "steps_20k-lr_0.03-res_384"
 _FT224_01, _FT384_01 = "steps_20k-lr_0.01-res_224", "steps_20k-lr_0.01-res_384"
 
-# timm tag -> the weights it names: a vitkit tag (same upstream file, timm's copy converted), an AugReg URL (the
-# row with that file), or None (weights vitkit has no row for). In timm's order: an architecture's first is its
-# default.
+# timm tag -> the weights it names: a vitkit tag (the same upstream file), an AugReg URL (the row with that file),
+# or None (no row). In timm's order: an architecture's first is its default.
 TIMM_WEIGHTS: dict[str, str | None] = {
     "vit_base_patch16_224.augreg2_in21k_ft_in1k": "vit_b16.augreg2_in21k_ft_in1k",
     "vit_base_patch8_224.augreg2_in21k_ft_in1k": "vit_b8.augreg2_in21k_ft_in1k",
-    "vit_tiny_patch16_224.augreg_in21k_ft_in1k": _augreg(_TI16, _FT224),
-    "vit_tiny_patch16_384.augreg_in21k_ft_in1k": _augreg(_TI16, _FT384),
+    "vit_tiny_patch16_224.augreg_in21k_ft_in1k": _augreg(RUNS["vit_ti16"], _FT224),
+    "vit_tiny_patch16_384.augreg_in21k_ft_in1k": _augreg(RUNS["vit_ti16"], _FT384),
     "vit_small_patch32_224.augreg_in21k_ft_in1k": _augreg(_S32, _FT224),
     "vit_small_patch32_384.augreg_in21k_ft_in1k": _augreg(_S32, _FT384),
-    "vit_small_patch16_224.augreg_in21k_ft_in1k": _augreg(_S16, _FT224),
-    "vit_small_patch16_384.augreg_in21k_ft_in1k": _augreg(_S16, _FT384),
+    "vit_small_patch16_224.augreg_in21k_ft_in1k": _augreg(RUNS["vit_s16"], _FT224),
+    "vit_small_patch16_384.augreg_in21k_ft_in1k": _augreg(RUNS["vit_s16"], _FT384),
     "vit_base_patch32_224.augreg_in21k_ft_in1k": _augreg(_B32, _FT224),
-    "vit_base_patch32_384.augreg_in21k_ft_in1k": _augreg(_B32_384, _FT384),
-    "vit_base_patch16_224.augreg_in21k_ft_in1k": _augreg(_B16, _FT224_01),
-    "vit_base_patch16_384.augreg_in21k_ft_in1k": _augreg(_B16, _FT384_01),
-    "vit_base_patch8_224.augreg_in21k_ft_in1k": _augreg(_B8, _FT224_01),
+    "vit_base_patch32_384.augreg_in21k_ft_in1k": _augreg(RUNS["vit_b32"], _FT384),
+    "vit_base_patch16_224.augreg_in21k_ft_in1k": _augreg(RUNS["vit_b16"], _FT224_01),
+    "vit_base_patch16_384.augreg_in21k_ft_in1k": _augreg(RUNS["vit_b16"], _FT384_01),
+    "vit_base_patch8_224.augreg_in21k_ft_in1k": _augreg(RUNS["vit_b8"], _FT224_01),
     "vit_large_patch16_224.augreg_in21k_ft_in1k": _augreg(_L16, _FT224_01),
     "vit_large_patch16_384.augreg_in21k_ft_in1k": _augreg(_L16, _FT384_01),
     "vit_base_patch16_224.orig_in21k_ft_in1k": "vit_b16.orig_in21k_ft_in1k_224",
@@ -178,22 +151,22 @@ TIMM_WEIGHTS: dict[str, str | None] = {
     "vit_large_patch32_224.orig_in21k": "vit_l32.orig_in21k",
     "vit_large_patch16_224.orig_in21k": "vit_l16.orig_in21k",
     "vit_huge_patch14_224.orig_in21k": "vit_h14.orig_in21k",
-    "vit_tiny_patch16_224.augreg_in21k": _augreg(_TI16),
+    "vit_tiny_patch16_224.augreg_in21k": _augreg(RUNS["vit_ti16"]),
     "vit_small_patch32_224.augreg_in21k": _augreg(_S32),
-    "vit_small_patch16_224.augreg_in21k": _augreg(_S16),
+    "vit_small_patch16_224.augreg_in21k": _augreg(RUNS["vit_s16"]),
     "vit_base_patch32_224.augreg_in21k": _augreg(_B32),
-    "vit_base_patch16_224.augreg_in21k": _augreg(_B16),
-    "vit_base_patch8_224.augreg_in21k": _augreg(_B8),
+    "vit_base_patch16_224.augreg_in21k": _augreg(RUNS["vit_b16"]),
+    "vit_base_patch8_224.augreg_in21k": _augreg(RUNS["vit_b8"]),
     "vit_large_patch16_224.augreg_in21k": _augreg(_L16),
     # hybrids (vision_transformer_hybrid.py)
-    "vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k": _augreg(_R_TI16, _FT224),
-    "vit_tiny_r_s16_p8_384.augreg_in21k_ft_in1k": _augreg(_R_TI16, _FT384),
+    "vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k": _augreg(RUNS["r_vit_ti32"], _FT224),
+    "vit_tiny_r_s16_p8_384.augreg_in21k_ft_in1k": _augreg(RUNS["r_vit_ti32"], _FT384),
     "vit_small_r26_s32_224.augreg_in21k_ft_in1k": _augreg(_R26_S32_224, _FT224),
     "vit_small_r26_s32_384.augreg_in21k_ft_in1k": _augreg(_R26_S32, _FT384),
     "vit_base_r50_s16_384.orig_in21k_ft_in1k": "r50_vit_b16.orig_in21k_ft_in1k",
-    "vit_large_r50_s32_224.augreg_in21k_ft_in1k": _augreg(_R50_L32_224, _FT224_01),
+    "vit_large_r50_s32_224.augreg_in21k_ft_in1k": _augreg(RUNS["r50_vit_l32"], _FT224_01),
     "vit_large_r50_s32_384.augreg_in21k_ft_in1k": _augreg(_R50_L32, _FT384_01),
-    "vit_tiny_r_s16_p8_224.augreg_in21k": _augreg(_R_TI16),
+    "vit_tiny_r_s16_p8_224.augreg_in21k": _augreg(RUNS["r_vit_ti32"]),
     "vit_small_r26_s32_224.augreg_in21k": _augreg(_R26_S32),
     "vit_base_r50_s16_224.orig_in21k": "r50_vit_b16.orig_in21k",
     "vit_large_r50_s32_224.augreg_in21k": _augreg(_R50_L32),
@@ -230,11 +203,6 @@ def _tag_of(timm_tag: str) -> str | None:
     return next((row.tag for row in PRETRAINED.values() if row.url == target), None)
 
 
-def _timm_default(arch: str) -> str | None:
-    """timm's default tag of an architecture (its first in default_cfgs), or None when it has none listed."""
-    return next((t for t in TIMM_WEIGHTS if t.partition(".")[0] == arch), None)
-
-
 def _no_row(timm_tag: str, model: str) -> UserError:
     target = TIMM_WEIGHTS[timm_tag]
     what = f" (the file {target.rsplit('/', 1)[-1]})" if target else ""
@@ -244,12 +212,8 @@ def _no_row(timm_tag: str, model: str) -> UserError:
 
 
 def resolve_name(name: str, pretrained: bool = False) -> Resolved:
-    """What a model name means: a registered model, a vitkit tag, or a timm / Hugging Face name.
-
-    With ``pretrained`` the name must lead to weights: a bare model or architecture gives its default weights
-    (vitkit's DEFAULT_WEIGHTS; for a timm architecture, timm's own default tag). A name nothing resolves, or
-    weights vitkit has no row for, is a UserError with the closest names.
-    """
+    """What a model name, a tag or a timm / HF name means; with ``pretrained`` a bare model gives its default
+    weights (a timm architecture: timm's default tag). An unknown name is a UserError with the closest names."""
     if name in MODELS:
         default = default_pretrained(name).tag if pretrained else None
         return Resolved(name, default_tag=default)
@@ -266,11 +230,11 @@ def resolve_name(name: str, pretrained: bool = False) -> Resolved:
         model, res = target
         if not dot and not pretrained:
             return Resolved(model, res or None, foreign=name)
-        timm_tag = name if dot else _timm_default(arch)
+        known = [t for t in TIMM_WEIGHTS if t.partition(".")[0] == arch]  # in timm's order: the first is its default
+        timm_tag = name if dot else next(iter(known), None)
         if timm_tag is None:
             raise UserError(f"timm lists no weights of {arch}; vitkit's: {', '.join(_rows_of(model)) or 'none'}")
         if timm_tag not in TIMM_WEIGHTS:
-            known = [t for t in TIMM_WEIGHTS if t.partition(".")[0] == arch]
             raise UserError(f"unknown timm weights {name!r}; {name_hint(name, known, cutoff=0.0)}")
         found = _tag_of(timm_tag)
         if found is None and pretrained:
@@ -304,13 +268,9 @@ def _meaning(name: str) -> str:
     return target[0] + (f" at {target[1]}" if target[1] else "")
 
 
-def _every_name() -> list[str]:
-    """Every name vitkit resolves: its models and tags, then the timm / Hugging Face aliases."""
-    return [*MODELS, *(a for a, t in TIMM_ARCHS.items() if t), *PRETRAINED, *TIMM_WEIGHTS, *HF_NAMES]
-
-
 def name_hint(name: str, among: Sequence[str] | None = None, otherwise: str = SEE_LISTS, cutoff: float = 0.6) -> str:
-    """errors.did_you_mean among ``among`` (by default every name vitkit resolves), an alias shown with the row it
-    means, as ``vit_base_patch16_224 (vit_b16 at 224)``."""
-    candidates = list(_every_name() if among is None else among)
+    """did_you_mean among ``among`` (default: all names), aliases shown as ``vit_base_patch16_224 (vit_b16 at 224)``."""
+    if among is None:  # every name vitkit resolves: its models and tags, then the timm / Hugging Face aliases
+        among = [*MODELS, *(a for a, t in TIMM_ARCHS.items() if t), *PRETRAINED, *TIMM_WEIGHTS, *HF_NAMES]
+    candidates = list(among)
     return did_you_mean(name, candidates, otherwise, lambda c: f"{c} ({_meaning(c)})" if _meaning(c) else c, cutoff)

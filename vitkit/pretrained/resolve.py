@@ -26,32 +26,23 @@ from .row import PretrainedRow
 def resolve_pretrained(
     tag: str, table: Mapping[str, PretrainedRow] | None = None, progress: bool = True
 ) -> tuple[Path, PretrainedRow]:
-    """(local checkpoint path, row) for a tag, downloading the file on first use (vitkit.pretrained.download).
-
-    A file already in the cache is checked before it is handed over (``verify_cached``): against the sha256
-    recorded when it was first verified, else its listed size and that it reads as its format.
-    """
+    """(local checkpoint path, row) for a tag, downloaded on first use, else checked (``verify_cached``)."""
     row = get_pretrained(tag, table)
-    if row.url:
-        dst = url_cache_path(row.url)
-        if dst.is_file():
-            verify_cached(row, dst)
-            return dst, row
-        fmt, listed = row.format, row.listed_size
-        return download_url(row.url, dst, row.sha256, row.size, progress, fmt, listed), row
     manual = [manual_hub_dir(row) / f for f in row.hub_files]
-    if all(p.is_file() for p in manual):
+    if row.url:
+        path = url_cache_path(row.url)
+        if not path.is_file():
+            return download_url(row.url, path, row.sha256, row.size, progress, row.format, row.listed_size), row
+    elif all(p.is_file() for p in manual):
         path = checkpoint_path(row, manual)
-        verify_cached(row, path)
-        return path, row
-    path = download_hub_files(row, progress)
+    else:
+        path = download_hub_files(row, progress)
     verify_cached(row, path)
     return path, row
 
 
 def read_pretrained(row: PretrainedRow, progress: bool = True) -> Checkpoint:
-    """The Checkpoint of a row's file (downloaded on first use), read as its format and checked against the
-    row (``check_against_row``); a cached file that cannot be read is named with how to download it anew."""
+    """The Checkpoint of a row's file (downloaded on first use), checked against the row."""
     path, _ = resolve_pretrained(row.tag, {row.tag: row}, progress)
     try:
         ckpt = loader.read_checkpoint(path, row.format)

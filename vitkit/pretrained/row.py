@@ -83,9 +83,8 @@ class PretrainedRow:
         return {**self.preprocessing().to_dict(), **provenance}
 
 
-# ImageNet-1k class names: the WordNet lemmas of the 1000 synsets in their standard (sorted) order, as timm's
-# imagenet_synsets.txt lists them; the one name that occurs twice ("crane") carries its synset id. ImageNet-21k
-# classes are indices.
+# ImageNet-1k class names: the WordNet lemmas of the 1000 sorted synsets, as timm's imagenet_synsets.txt lists
+# them (the one name found twice, "crane", carries its synset id); ImageNet-21k classes are indices.
 PACKAGE_DATA = Path(__file__).parents[1] / "data"
 
 

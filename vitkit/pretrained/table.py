@@ -1,17 +1,10 @@
 """The released weights, one row per file (vitkit.pretrained.row.PretrainedRow), and the default of each model.
 
-Where the rows come from:
-  - the original release (2020), google-research/vision_transformer: README "Available ViT models" and the
-    bucket listing in vit_jax.ipynb (``gsutil ls -lh gs://vit_models/imagenet*``: the listed sizes). The
-    ImageNet-21k files keep their pre-logits layer and a deliberately zeroed head (pre-logits widths as timm
-    loaded them); vit_jax evaluates them resizing the whole image (bilinear, no crop), pixels in [-1, 1].
-  - AugReg ("How to train your ViT?", 2021): the README's recommended checkpoints and their fine-tunes; the
-    224-pixel fine-tunes and the B/8 files are those timm's default_cfgs point to in the same bucket.
-  - Hub copies: timm's "augreg2" re-fine-tunes (exact GELU, a 0.9 centre crop) and the transformers
-    conversions of the original fine-tunes (exact GELU, LayerNorm eps 1e-12).
-  - Big Transfer (google-research/big_transfer README): BiT-M on ImageNet-21k, BiT-S on ImageNet-1k.
-Sizes and checksums are the hosts' own (None where none is published: nothing here is guessed). The official
-weights are Apache-2.0, which the Hub copies also declare. A data table: excepted from the module size budget.
+Sources: the original release (2020; google-research/vision_transformer README and the bucket listing in
+vit_jax.ipynb, whose sizes are listed here; its ImageNet-21k files keep their pre-logits and a zeroed head),
+AugReg (2021; the README's recommended checkpoints, their fine-tunes and the files timm's default_cfgs point to),
+Hub copies (timm's "augreg2" re-fine-tunes, the transformers conversions) and Big Transfer (BiT-M, BiT-S). Sizes
+and checksums are the hosts' own (None where none is published). A data table, excepted from the size budget.
 """
 
 from __future__ import annotations
@@ -84,8 +77,7 @@ BIT_S = ("r50x1", "r50x3", "r101x1", "r101x3", "r152x4")
 
 
 def _bit(model: str, upstream: str) -> PretrainedRow:
-    """A Big Transfer file (google-research/big_transfer README: BiT-M on ImageNet-21k, BiT-S on ImageNet-1k),
-    pretrained at 224 pixels; big_transfer's own code feeds it pixels normalised with mean = std = 0.5."""
+    """A Big Transfer file, pretrained at 224 pixels, fed pixels with mean = std = 0.5 as big_transfer does."""
     classes = "imagenet-21k" if upstream == "M" else "imagenet-1k"
     name = f"BiT-{upstream}-R{model.removeprefix('bit_r')}.npz"
     weights = "bit_m_in21k" if upstream == "M" else "bit_s_in1k"

@@ -1,12 +1,6 @@
 """One self-contained HTML page per run or sweep: ``vitkit report PATH`` (``write_report``); ``vitkit train`` writes
-a run's at its end and at evaluations of a long run (the command line passes ``run.REPORT_HOOKS`` to the training,
-which imports no report), ``vitkit sweep`` a sweep's and its runs'.
-
-The page needs nothing but itself: style, script and images are inline and its Content-Security-Policy lets
-nothing be fetched. The pieces are kept apart so that a page of many runs (a sweep) is made of the same ones:
-``html`` (tables, images, interactive charts, the page), ``configs`` (what a config changes),
-``curves`` (a run's training curves), ``evaluation`` (confusion matrix, worst images), ``environment``;
-``run`` assembles the page of one run, ``sweep`` that of a sweep (its table, figures and links to its runs' pages).
+a run's at its end and at evaluations (the command line passes ``run.REPORT_HOOKS`` to the training), ``vitkit
+sweep`` a sweep's. ``run`` and ``sweep`` assemble their pages from the same pieces (``html`` and the other modules).
 """
 
 from .html import Chart, Page, Series

@@ -23,17 +23,13 @@ def default_values(cfg: TrainConfig) -> dict[str, Any]:
     if name is not None and name in MODELS:
         row = model_config(name)
         for key in cfg.model.fields:
-            values[f"model.{key}"] = _plain(getattr(row, key, None))
+            value = getattr(row, key, None)
+            values[f"model.{key}"] = list(value) if isinstance(value, tuple) else value
     return values
 
 
-def _plain(value: Any) -> Any:
-    return list(value) if isinstance(value, tuple) else value
-
-
 def shipped_for(cfg: TrainConfig) -> str | None:
-    """The shipped config a run was made from, when its name says so (``vitkit train digits`` runs are named
-    digits); None otherwise."""
+    """The shipped config a run was made from, when its name says so (``vitkit train digits`` runs are named digits)."""
     name = cfg.run.name
     return name if name is not None and name in shipped_configs() else None
 
@@ -87,13 +83,11 @@ def config_section(cfg: TrainConfig) -> Html:
     """What the run changed (a table of the keys that differ), then every resolved key in a closed <details>."""
     diff = config_diff(cfg)
     header = ["key", "this run", "default"] + ([f"{diff.shipped_name}.yaml"] if diff.shipped_name else [])
+    changed = diff.changed()
     rows = []
-    for key in diff.changed():
-        cells: list[object] = [
-            breakable(key),
-            show_value(diff.values[key]),
-            show_value(diff.defaults.get(key, "(unset)")),
-        ]
+    for key in changed:
+        default = show_value(diff.defaults.get(key, "(unset)"))
+        cells: list[object] = [breakable(key), show_value(diff.values[key]), default]
         if diff.shipped_name:
             mark = tag("mark", "changed", cls="badge shipped") if diff.differs_from_shipped(key) else ""
             cells.append(join([show_value(diff.shipped.get(key, "(unset)")), " ", mark]))
@@ -107,21 +101,12 @@ def config_section(cfg: TrainConfig) -> Html:
     else:
         intro = "Keys that differ from vitkit's defaults (vitkit.train.config); the model's fields are compared "
         intro += "with the registry row model.name names."
-    full = table(
-        ["key", "value", ""],
-        [
-            Row(
-                [breakable(k), show_value(v), tag("mark", "changed", cls="badge") if k in set(diff.changed()) else ""],
-                "changed" if diff.differs_from_shipped(k) else None,
-            )
-            for k, v in diff.values.items()
-        ],
-        caption="config.yaml, every key",
-    )
-    return join(
-        [
-            tag("p", intro, cls="note"),
-            table(header, rows, caption="What this run set") if rows else tag("p", "Every key has its default."),
-            tag("details", join([tag("summary", f"The whole resolved config ({len(diff.values)} keys)"), full])),
-        ]
-    )
+    every = []
+    for key, value in diff.values.items():
+        mark = tag("mark", "changed", cls="badge") if key in changed else ""
+        shipped_cls = "changed" if diff.differs_from_shipped(key) else None
+        every.append(Row([breakable(key), show_value(value), mark], shipped_cls))
+    full = table(["key", "value", ""], every, caption="config.yaml, every key")
+    summary = tag("summary", f"The whole resolved config ({len(diff.values)} keys)")
+    changes = table(header, rows, caption="What this run set") if rows else tag("p", "Every key has its default.")
+    return join([tag("p", intro, cls="note"), changes, tag("details", join([summary, full]))])

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .html import Chart, Html, Row, Series, fmt, join, percent, table, tag
+from .html import Chart, Html, Row, Series, fmt, percent, table, tag
 
 LOG_SPAN = 10.0  # a loss that spans more than a decade is drawn on a log scale (as loss.png is)
 
@@ -48,25 +48,13 @@ def training_charts(records: Sequence[dict[str, Any]], label_smoothing: float = 
         _series(evals, "eval_top5", "eval top-5", dashed=True),
         _series(evals, "eval_mpp_acc", "eval MPP colour accuracy"),
     ]
+    lr = [s for s in [_series(train, "lr", "learning rate")] if s]
+    speed = [s for s in [_series(train, "images_per_s", "train images/s")] if s]
     for id, title, series, y, form, is_log in (
         ("loss", "Loss", loss_series, y_label, "number", log),
         ("accuracy", "Held-out accuracy", [s for s in accuracy if s is not None], "accuracy", "percent", False),
-        (
-            "lr",
-            "Learning rate",
-            [s for s in [_series(train, "lr", "learning rate")] if s],
-            "learning rate",
-            "sci",
-            False,
-        ),
-        (
-            "throughput",
-            "Throughput",
-            [s for s in [_series(train, "images_per_s", "train images/s")] if s],
-            "images per second",
-            "number",
-            False,
-        ),
+        ("lr", "Learning rate", lr, "learning rate", "sci", False),
+        ("throughput", "Throughput", speed, "images per second", "number", False),
     ):
         if series:
             charts.append(Chart(prefix + id, title, series, "step", y, form, is_log, per_epoch))
@@ -87,4 +75,4 @@ def evaluations_table(records: Sequence[dict[str, Any]]) -> Html:
             v = r.get(k)
             cells.append("–" if v is None else percent(v) if "top" in k or "acc" in k else fmt(v))
         rows.append(Row(cells))
-    return join([table(header, rows, caption="Held-out evaluations recorded during training (metrics.jsonl)")])
+    return table(header, rows, caption="Held-out evaluations recorded during training (metrics.jsonl)")

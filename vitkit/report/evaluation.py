@@ -21,17 +21,15 @@ MATRIX_MAX_CLASSES = 30  # more classes than this: the most frequent confusions 
 
 @dataclass
 class Predictions:
-    """The model's answer for each scored held-out image: ``indices`` into the evaluation set, true ``labels``,
-    ``predicted`` class, the probability of the true class (``true_prob``) and of the predicted one
-    (``top_prob``); ``total`` is the size of the whole evaluation set."""
+    """The model's answer for each scored held-out image."""
 
-    indices: np.ndarray
-    labels: np.ndarray
+    indices: np.ndarray  # into the evaluation set
+    labels: np.ndarray  # the true classes
     predicted: np.ndarray
-    true_prob: np.ndarray
-    top_prob: np.ndarray
+    true_prob: np.ndarray  # the probability of the true class
+    top_prob: np.ndarray  # the probability of the predicted one
     num_classes: int
-    total: int
+    total: int  # the size of the whole evaluation set
 
     @property
     def accuracy(self) -> float:
@@ -47,8 +45,7 @@ def predict_held_out(
     max_images: int = MAX_EVAL_IMAGES,
     seed: int = 0,
 ) -> Predictions:
-    """Predictions of model on the evaluation set (fp32); on at most ``max_images`` of them, drawn at random
-    with ``seed`` when there are more."""
+    """Predictions of model on the evaluation set (fp32), on a seeded sample of ``max_images`` when there are more."""
     assert isinstance(dataset, Sized), "an evaluation set has a length"
     total = len(dataset)
     indices = np.arange(total)
@@ -82,8 +79,7 @@ def _name(names: Sequence[str], k: int) -> str:
 
 
 def confusion_section(pred: Predictions, names: Sequence[str]) -> Html:
-    """The confusion matrix as a table (rows: true class, with its recall), or for many classes the most
-    frequent confusions."""
+    """The confusion matrix (rows: true class, with its recall), or for many classes the most frequent confusions."""
     k = pred.num_classes
     cm = confusion_matrix(pred.labels, pred.predicted, k)
     if k > MATRIX_MAX_CLASSES:
@@ -123,15 +119,9 @@ def worst_section(
         x, _ = dataset[int(pred.indices[r])]
         truth, guess = _name(names, int(pred.labels[r])), _name(names, int(pred.predicted[r]))
         said = f"predicted {guess} ({percent(float(pred.top_prob[r]), 0)})"
-        caption = join(
-            [
-                tag("strong", f"true {truth}"),
-                Html("<br>"),
-                said if truth != guess else f"right, at {percent(float(pred.true_prob[r]), 0)}",
-                Html("<br>"),
-                f"p(true) {percent(float(pred.true_prob[r]), 1)} · #{int(pred.indices[r])}",
-            ]
-        )
+        verdict = said if truth != guess else f"right, at {percent(float(pred.true_prob[r]), 0)}"
+        detail = f"p(true) {percent(float(pred.true_prob[r]), 1)} · #{int(pred.indices[r])}"
+        caption = join([tag("strong", f"true {truth}"), Html("<br>"), verdict, Html("<br>"), detail])
         png = png_of_array(prep.to_display(x).numpy())
         alt = f"held-out image {int(pred.indices[r])}: true class {truth}, {said}"
         items.append(image(png, alt, caption, cls="thumb", pixelated=max(prep.size) <= 64))

@@ -1,9 +1,7 @@
 """The pieces of a self-contained HTML page: escaping, tables, embedded images, interactive charts, the page.
 
-A page carries everything it shows: the style sheet and the script (report.css, report.js beside this file)
-are written into it, images are ``data:`` URIs, and the charts are drawn by the script from JSON held in the
-page. Its Content-Security-Policy (``CSP``) lets nothing be fetched, so the file reads the same offline, on
-another machine or as an e-mail attachment. A run page and a sweep page are both a ``Page`` of sections.
+A page carries everything it shows (report.css and report.js inline, images as ``data:`` URIs, the charts' data as
+JSON) and its Content-Security-Policy lets nothing be fetched, so the file reads the same offline or anywhere else.
 """
 
 from __future__ import annotations
@@ -49,16 +47,11 @@ def tag(name: str, body: object = "", **attrs: object) -> Html:
     return Html(f"<{' '.join(parts)}>{esc(body)}</{name}>")
 
 
-# ------------------------------------------------------------------------------------------------ numbers
 def fmt(value: Any, digits: int = 4) -> str:
     """A number as a person reads it: ints with thousands separators, floats to ``digits`` significant figures."""
-    if isinstance(value, bool) or value is None:
-        return str(value)
-    if isinstance(value, int):
+    if isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return str(value)
+    if isinstance(value, float) and math.isfinite(value):
         return f"{value:.{digits}g}"
     return str(value)
 
@@ -67,7 +60,6 @@ def percent(value: float, decimals: int = 2) -> str:
     return f"{100 * value:.{decimals}f}%"
 
 
-# -------------------------------------------------------------------------------------------------- tables
 @dataclass
 class Row:
     """A table row: its cells (text, or Html) and a class for the row (``changed``, ...)."""
@@ -104,20 +96,13 @@ def code_block(text: str, label: str | None = None) -> Html:
     return tag("pre", tag("code", text), cls="command", aria_label=label)
 
 
-# -------------------------------------------------------------------------------------------------- images
-def data_uri(png: bytes) -> str:
-    return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-
 def png_of_array(pixels: np.ndarray, max_side: int = 160) -> bytes:
     """(H, W, C) or (H, W) pixels in [0, 1] as PNG bytes, shrunk to at most max_side pixels on the long side."""
     from PIL import Image
 
     a = np.clip(np.asarray(pixels, dtype=np.float64), 0.0, 1.0)
-    if a.ndim == 3 and a.shape[2] == 1:
-        a = a[..., 0]
     if a.ndim == 3 and a.shape[2] != 3:
-        a = a.mean(axis=2)  # neither grey nor RGB: the channel mean, as the inspection figures show it
+        a = a.mean(axis=2)  # grey, or neither grey nor RGB: one channel, the mean, as the inspection figures show it
     img = Image.fromarray(np.round(255 * a).astype(np.uint8))
     if max(img.size) > max_side:
         img.thumbnail((max_side, max_side))
@@ -128,11 +113,11 @@ def png_of_array(pixels: np.ndarray, max_side: int = 160) -> bytes:
 
 def image(png: bytes, alt: str, caption: object = None, cls: str = "figure", pixelated: bool = False) -> Html:
     """A <figure> holding a PNG as a data: URI, with alt text and an optional caption."""
-    img = Html(f'<img src="{data_uri(png)}" alt="{esc(alt)}"{" class=pixelated" if pixelated else ""}>')
+    uri = "data:image/png;base64," + base64.b64encode(png).decode("ascii")
+    img = Html(f'<img src="{uri}" alt="{esc(alt)}"{" class=pixelated" if pixelated else ""}>')
     return tag("figure", join([img, tag("figcaption", caption) if caption else ""]), cls=cls)
 
 
-# -------------------------------------------------------------------------------------------------- charts
 @dataclass
 class Series:
     """One line of a chart: x and y values (None or non-finite y: a gap), drawn dashed or solid."""
@@ -149,20 +134,16 @@ class Series:
 
 @dataclass
 class Chart:
-    """An interactive line chart: hover for values, drag (or Ctrl + wheel, or pinch) to zoom the x range.
-
-    ``y_format``: ``number``, ``percent`` (values in [0, 1]) or ``sci``; ``log``: a log-scale y axis.
-    ``x_per_epoch``: steps per epoch, so the tooltip can name the epoch of a step.
-    """
+    """An interactive line chart: hover for values, drag (or Ctrl + wheel, or pinch) to zoom the x range."""
 
     id: str
     title: str
     series: list[Series]
     x_label: str = "step"
     y_label: str = ""
-    y_format: str = "number"
-    log: bool = False
-    x_per_epoch: float | None = None
+    y_format: str = "number"  # number, percent (values in [0, 1]) or sci
+    log: bool = False  # a log-scale y axis
+    x_per_epoch: float | None = None  # steps per epoch, so the tooltip can name the epoch of a step
     description: str = ""
 
     def to_dict(self) -> dict[str, Any]:
@@ -178,7 +159,6 @@ class Chart:
         }
 
 
-# ---------------------------------------------------------------------------------------------------- page
 @dataclass
 class Section:
     id: str

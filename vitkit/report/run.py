@@ -1,10 +1,6 @@
-"""The page of one training run: ``write_run_report(run_dir)`` writes run_dir/report.html.
-
-Sections: the headline result; the config (what differs from the defaults and from the shipped config);
-the training curves of metrics.jsonl; the evaluation (confusion matrix, the worst-classified held-out images),
-recomputed from the run's model and held-out data; the inspection figures (vitkit.inspect); few-shot results
-when fewshot.json is there; the environment; and the commands that resume, rerun or re-score the run.
-"""
+"""The page of one training run: ``write_run_report(run_dir)`` writes run_dir/report.html: the result, the config,
+the training curves, the evaluation and inspection of its model, few-shot results, the environment and the commands
+that resume, rerun or re-score the run."""
 
 from __future__ import annotations
 
@@ -71,9 +67,8 @@ def write_run_report(
 
 
 def refresh_run_report(run_dir: str | Path, started: float, device: str | torch.device = "cpu") -> Path | None:
-    """At an evaluation during training: rewrite the page when REFRESH_SECONDS have passed since it was last
-    rewritten (or since ``started``, a time.perf_counter() value); cheap (curves and tables, no model is loaded).
-    A page that cannot be written is a warning: it never stops the training."""
+    """At an evaluation during training: rewrite the page (curves and tables alone) when REFRESH_SECONDS have passed
+    since its last rewrite or ``started`` (perf_counter); a page that cannot be written only warns."""
     key = str(Path(run_dir).resolve())
     now = time.perf_counter()
     if now - max(started, _refreshed.get(key, started)) < REFRESH_SECONDS:
@@ -106,7 +101,11 @@ def run_report(run_dir: str | Path, device: str | torch.device = "auto", during:
     cfg = load_config(run / "config.yaml")
     records = MetricsLog(run).records()
     dev = device if isinstance(device, torch.device) else pick_device(device)
-    loaded = _load(run, dev) if (run / WEIGHTS_NAME).is_file() and not during else None
+    loaded = None
+    if (run / WEIGHTS_NAME).is_file() and not during:
+        model, prep, metadata = load_for_inference(run)
+        train_set, eval_set, info = build_datasets(checkpoint_data(run, metadata, prep))
+        loaded = LoadedRun(model.to(dev), prep, metadata, train_set, eval_set, info)
 
     page = Page(f"vitkit run {run.name}", subtitle=str(run.resolve()))
     if during:
@@ -135,27 +134,15 @@ def run_report(run_dir: str | Path, device: str | torch.device = "auto", during:
     page.add("inspection", "Inspection", later if during else inspection(loaded))
     if (run / "fewshot.json").is_file():
         page.add("fewshot", "Few-shot", fewshot_section(run / "fewshot.json"))
-    env = definitions(environment(dev))
     settings = definitions(
         [(f"run.{k}", show_value(getattr(cfg.run, k))) for k in ("device", "threads", "amp", "compile")]
         + [("data.num_workers", str(cfg.data.num_workers))]
     )
-    page.add(
-        "environment",
-        "Environment",
-        tag("p", "The process that wrote this page:", cls="note"),
-        env,
-        tag("p", "The run's own settings (config.yaml):", cls="note"),
-        settings,
-    )
+    this = tag("p", "The process that wrote this page:", cls="note")
+    own = tag("p", "The run's own settings (config.yaml):", cls="note")
+    page.add("environment", "Environment", this, definitions(environment(dev)), own, settings)
     page.add("commands", "Resume or rerun", commands(run, cfg))
     return page.render()
-
-
-def _load(run: Path, device: torch.device) -> LoadedRun:
-    model, prep, metadata = load_for_inference(run)
-    train_set, eval_set, info = build_datasets(checkpoint_data(run, metadata, prep))
-    return LoadedRun(model.to(device), prep, metadata, train_set, eval_set, info)
 
 
 # ---------------------------------------------------------------------------------------------- headline
@@ -195,7 +182,8 @@ def headline(
     if loaded is not None:
         cards.append(_card(fmt(count_params(loaded.model)), "parameters"))
         model = loaded.model
-        facts.append(("model", f"{cfg.model.name or 'from run.init_from'}: " + _describe(model)))
+        about = describe(model) if isinstance(model, VisionTransformer) else type(model).__name__
+        facts.append(("model", f"{cfg.model.name or 'from run.init_from'}: {about}"))
         sizes = f"{len(loaded.train_set):,} train / {len(loaded.eval_set):,} held-out images"  # type: ignore[arg-type]
         facts.append(("data", f"{loaded.info.source}, {loaded.info.num_classes} classes, {sizes}"))
     elif during:
@@ -214,13 +202,6 @@ def headline(
     return join([tag("div", join(cards), cls="cards"), definitions(facts)])
 
 
-def _describe(model: nn.Module) -> str:
-    if isinstance(model, VisionTransformer):
-        return describe(model)
-    return type(model).__name__
-
-
-# -------------------------------------------------------------------------------------------- evaluation
 def evaluation(cfg: TrainConfig, loaded: LoadedRun | None, device: torch.device) -> Html:
     if loaded is None:
         return tag("p", f"No {WEIGHTS_NAME} yet.", cls="note")
@@ -246,7 +227,6 @@ def evaluation(cfg: TrainConfig, loaded: LoadedRun | None, device: torch.device)
     )
 
 
-# -------------------------------------------------------------------------------------------- inspection
 def inspection(loaded: LoadedRun | None) -> Html:
     """The figures of vitkit.inspect for the run's model and a few of its held-out images, embedded."""
     if loaded is None:
@@ -265,14 +245,8 @@ def inspection(loaded: LoadedRun | None) -> Html:
             alt = f"{entry['figure']}: {entry['description']}"
             fig = image(png, alt, f"{entry['description']} ({entry['figure']} of the paper)")
             (maps if entry["figure"] in ("attention maps", "MAP head attention") else figures).append(fig)
-    parts = [
-        tag(
-            "p",
-            f"{index['model']}; {len(shown)} held-out images, {len(sample)} for the attention distance.",
-            cls="note",
-        ),
-        tag("div", join(figures), cls="figures"),
-    ]
+    note = f"{index['model']}; {len(shown)} held-out images, {len(sample)} for the attention distance."
+    parts = [tag("p", note, cls="note"), tag("div", join(figures), cls="figures")]
     if maps:
         summary = tag("summary", f"Per-layer, per-head attention maps ({len(maps)} figures)")
         parts.append(tag("details", join([summary, tag("div", join(maps), cls="figures")])))
@@ -280,7 +254,6 @@ def inspection(loaded: LoadedRun | None) -> Html:
     return join(parts)
 
 
-# ---------------------------------------------------------------------------------------------- few-shot
 def fewshot_section(path: Path) -> Html:
     import json
 
@@ -299,12 +272,8 @@ def fewshot_section(path: Path) -> Html:
         f"seeds, {doc.get('num_classes')} classes, {doc.get('num_test')} test images, {doc.get('feature_dim')}-d "
         f"features; data {data.get('source', '?') if isinstance(data, dict) else data})."
     )
-    return join(
-        [
-            tag("p", note, cls="note"),
-            table(["shots per class", "accuracy", "std", "per seed"], rows, caption=f"{path.name}"),
-        ]
-    )
+    header = ["shots per class", "accuracy", "std", "per seed"]
+    return join([tag("p", note, cls="note"), table(header, rows, caption=path.name)])
 
 
 # ---------------------------------------------------------------------------------------------- commands

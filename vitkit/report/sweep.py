@@ -1,10 +1,5 @@
-"""The page of one sweep: ``write_sweep_report(sweep_dir)`` writes sweep_dir/report.html.
-
-Sections: the table (mean ± sample std over seeds per cell, as the sweep's own aggregation wrote it to
-sweep.json), the comparison figures the sweep drew (one PNG per metric, embedded), every run with a relative link
-to its own page (written first where it is missing, when asked, else marked missing), and the commands that
-re-aggregate and rewrite the page. A page of runs links to files beside it, so it stays in the sweep directory.
-"""
+"""The page of one sweep: ``write_sweep_report(sweep_dir)`` writes sweep_dir/report.html: the table of sweep.json,
+the sweep's figures, every run with a relative link to its own page, and the commands that rewrite the page."""
 
 from __future__ import annotations
 
@@ -19,8 +14,8 @@ import torch
 
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write_text
-from ..sweep.aggregate import TABLE_NAME, Table, read_table
-from ..sweep.spec import FINETUNE
+from ..sweep.aggregate import TABLE_NAME, Table, figure_name, read_table
+from ..sweep.spec import finetune_name
 from ..train.overrides import value_text
 from .html import Html, Page, Row, code_block, definitions, fmt, image, join, table, tag
 from .run import REPORT_NAME, write_run_report
@@ -47,8 +42,7 @@ def write_sweep_report(
 
 
 def write_report(path: str | Path, out: str | Path | None = None, device: str | torch.device = "auto") -> Path:
-    """``vitkit report PATH``: the page of the sweep (write_sweep_report, with a page for each run that has none)
-    or of the training run (write_run_report) that path holds; returns the page's path."""
+    """``vitkit report PATH``: the page of the sweep or the training run that path holds; returns its path."""
     path = Path(path)
     if is_sweep_dir(path):
         return write_sweep_report(path, out, device=device)
@@ -63,10 +57,6 @@ def mean_std(mean: float | None, std: float | None) -> str:
     if mean is None:
         return "–"
     return fmt(float(mean)) + ("" if std is None else f" ± {fmt(float(std), 2)}")
-
-
-def _link(target: Path, base: Path, text: str) -> Html:
-    return tag("a", text, href=quote(os.path.relpath(target, base).replace(os.sep, "/")))
 
 
 def sweep_report(
@@ -90,7 +80,7 @@ def sweep_report(
 
 def _run_dirs(sweep: Path, run: dict[str, Any]) -> list[Path]:
     first = sweep / str(run["run"])
-    second = sweep / f"{first.name}--{FINETUNE}"
+    second = sweep / finetune_name(first.name)
     return [d for d in (first, second) if d.is_dir()]  # a cell that does not pretrain has the second alone
 
 
@@ -117,12 +107,9 @@ def _run_links(dirs: list[Path], base: Path, reports: dict[Path, str | None]) ->
     links = []
     for d in dirs:
         why = reports.get(d, "no page")
-        label = d.name
-        links.append(
-            _link(d / REPORT_NAME, base, label)
-            if why is None
-            else tag("span", f"{label} (page missing)", cls="missing", title=why)
-        )
+        missing = tag("span", f"{d.name} (page missing)", cls="missing", title=why)
+        href = quote(os.path.relpath(d / REPORT_NAME, base).replace(os.sep, "/"))  # relative: the page moves with it
+        links.append(tag("a", d.name, href=href) if why is None else missing)
     return Html("<br>".join(links))
 
 
@@ -145,11 +132,6 @@ def table_section(t: Table, sweep: Path, base: Path, reports: dict[Path, str | N
         f"{SWEEP_MARKER}: the sweep's own aggregation of each run's final metrics.jsonl records."
     )
     return join([tag("p", note, cls="note"), table(header, rows, caption="The sweep", cls="sweep")])
-
-
-def figure_name(metric: str) -> str:
-    """The file write_figures draws a metric into."""
-    return f"{metric.replace('.', '_')}.png"
 
 
 def figures_section(t: Table, sweep: Path) -> Html:
@@ -191,15 +173,9 @@ def commands(t: Table, sweep: Path) -> Html:
     facts = definitions(
         [("spec", t.spec or "–"), ("axes", ", ".join(t.axes) or "–"), ("metrics", ", ".join(t.metrics))]
     )
-    return join(
-        [
-            facts,
-            code_block(f"vitkit sweep {spec} --out {q_out} --aggregate-only\nvitkit report {q_out}", "aggregate"),
-            tag(
-                "p",
-                "Re-reads the runs (trains nothing) and writes the table, the figures and this page again (with "
-                "--quick for a sweep run with it); vitkit report writes this page and any missing run page.",
-                cls="note",
-            ),
-        ]
+    command = f"vitkit sweep {spec} --out {q_out} --aggregate-only\nvitkit report {q_out}"
+    note = (
+        "Re-reads the runs (trains nothing) and writes the table, the figures and this page again (with --quick for a "
+        "sweep run with it); vitkit report writes this page and any missing run page."
     )
+    return join([facts, code_block(command, "aggregate"), tag("p", note, cls="note")])

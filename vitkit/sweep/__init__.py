@@ -2,12 +2,8 @@
 
     vitkit sweep posemb --quick --jobs 2 --out runs/sweeps/posemb
 
-``run_sweep`` expands a spec (spec.py), brings every cell to its end -- skipping finished cells, resuming or
-restarting unfinished ones (run.py) -- and writes the table and the figures from the runs' own metrics
-(aggregate.py), then the sweep's page through the ``page`` the caller passes (the command line passes
-vitkit.report.sweep's, which writes report.html; sweep/ imports no report); ``aggregate_only=True`` does the last
-part alone, for runs that exist. The shipped specs (one per experiment of the paper, each with a ``quick``
-variant of seconds) are in vitkit/sweeps/.
+``run_sweep`` expands a spec (spec.py), brings every cell to its end (run.py) and writes the table and figures from
+the runs' own metrics (aggregate.py). The shipped specs, one per experiment of the paper, are in vitkit/sweeps/.
 """
 
 from __future__ import annotations
@@ -47,10 +43,9 @@ def run_sweep(
 ) -> SweepResult:
     """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]).
 
-    ``overrides`` (``section.key=value``) go to every run of every cell, both stages, after the spec's own: how
-    this machine runs them (``run.device=cuda``, ``data.num_workers=8``, ``run.amp=bf16``), not what is compared.
-    ``run_hooks`` go to every run (vitkit.train.RunHooks: each run's page); ``page(out)`` writes the sweep's own
-    page once its table and figures are written, and its path is among the files.
+    ``overrides`` (``section.key=value``) go to every run after the spec's own: how this machine runs them
+    (``run.device=cuda``), not what is compared. ``run_hooks`` go to every run; ``page(out)``, when given, writes the
+    sweep's page last (the command line's writes report.html; sweep/ imports no report).
     """
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec, quick=quick)

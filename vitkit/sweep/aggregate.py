@@ -1,10 +1,8 @@
 """A sweep's results, read from the runs' own files: one table (CSV, JSON, markdown) and one figure per metric.
 
-Each cell's metric is read from its run directory's metrics.jsonl: ``NAME`` from the last eval record (the final
-evaluation), ``train.NAME`` from the last train record, ``finetune.NAME`` from the finetune run's; ``fewshot.*``
-and ``attention.*`` from the probes' files (probes.py). The cells that
-differ only in their seed form a row: the mean, the sample standard deviation (n - 1; none for one seed) and n,
-the number of seeds that have finished. Nothing here trains, so a sweep can be re-aggregated at any time.
+A metric ``NAME`` is the last eval record's, ``train.NAME`` the last train record's, ``finetune.NAME`` the finetune
+run's; ``fewshot.*`` and ``attention.*`` come from the probes' files. The cells that differ only in their seed form a
+row: the mean, the sample standard deviation (none for one seed) and n, the seeds that have finished.
 """
 
 from __future__ import annotations
@@ -15,34 +13,22 @@ import json
 import math
 import statistics
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from ..errors import UserError
-from ..io import atomic_write, atomic_write_text
-from ..train.metrics import METRICS_NAME
+from ..io import atomic_write_text
+from ..train.metrics import METRICS_NAME, MetricsLog, save_figure
 from ..train.overrides import value_text
 from .probes import is_probe_metric, probe_metric
 from .run import run_status
-from .spec import FINETUNE, Cell, SweepSpec
-
-if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
-    from matplotlib.figure import Figure
+from .spec import FINETUNE, Cell, SweepSpec, finetune_name
 
 TABLE_NAME = "sweep"  # sweep.csv, sweep.json, sweep.md
 
 
-def read_records(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / METRICS_NAME
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float | None] | None:
-    """The cell's metrics from its finished runs; None while any of its runs is unfinished. A probe metric the
-    cell's model has none of (the attention of a ResNet) is None."""
+    """The cell's metrics (None where its model has none), or None while any of its runs is unfinished."""
     values: dict[str, float | None] = {}
     for metric in metrics:
         if not cell.pretrains and not metric.startswith(f"{FINETUNE}."):
@@ -54,11 +40,11 @@ def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float |
             values[metric] = probe_metric(out / cell.name, metric)
             continue
         stage, _, name = metric.partition(".") if metric.startswith(f"{FINETUNE}.") else ("", "", metric)
-        run_dir = out / (f"{cell.name}--{FINETUNE}" if stage else cell.name)
+        run_dir = out / (finetune_name(cell.name) if stage else cell.name)
         if run_status(run_dir) != "finished":
             return None
         kind, _, key = name.partition(".") if name.startswith("train.") else ("eval", "", name)
-        records = [r for r in read_records(run_dir) if r.get("kind") == kind]
+        records = [r for r in MetricsLog(run_dir).records() if r.get("kind") == kind]
         if not records or key not in records[-1]:
             have = sorted(records[-1]) if records else []
             raise UserError(
@@ -141,8 +127,9 @@ def write_table(spec: SweepSpec, rows: list[Row], records: list[dict[str, Any]],
     return [csv_path, json_path, md_path]
 
 
-def _save_png(fig: Figure, tmp: str) -> None:
-    fig.savefig(tmp, format="png", dpi=100)
+def figure_name(metric: str) -> str:
+    """The file write_figures draws a metric into."""
+    return f"{metric.replace('.', '_')}.png"
 
 
 def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
@@ -150,17 +137,15 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
     x_key = spec.figure_x or (spec.axes[-1] if spec.axes else None)
     if x_key is None or not any(r.n for r in rows):
         return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
 
     line_keys = spec.figure_lines or [k for k in spec.axes if k != x_key]
     xs = list(dict.fromkeys(r.values.get(x_key) for r in rows))
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
     paths = []
     for metric in spec.metrics:
-        fig, ax = plt.subplots(figsize=(6, 4))
+        fig = Figure(figsize=(6, 4))
+        ax = fig.add_subplot()
         lines: dict[tuple[Any, ...], list[Row]] = {}
         for r in rows:
             lines.setdefault(tuple(value_text(r.values.get(k)) for k in line_keys), []).append(r)
@@ -186,18 +171,13 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
         ax.grid(alpha=0.3)
         if len(lines) > 1:
             ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out / f"{metric.replace('.', '_')}.png"
-        atomic_write(path, partial(_save_png, fig))
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(fig, out / figure_name(metric)))
     return paths
 
 
 @dataclass
 class Table:
-    """A sweep's table as write_table wrote it to sweep.json: the spec, its axes and metrics, the rows of
-    ``aggregate`` and one record per finished cell."""
+    """A sweep's table as write_table wrote it to sweep.json."""
 
     spec: str
     axes: list[str]

@@ -5,13 +5,11 @@ run directory, so that aggregation reads them like the run's own metrics.
       fewshot: {data: digits, overrides: [data.in_chans=3], shots: [5, 10], seeds: 3}
       attention: {images: 256}
 
-- ``fewshot`` (paper sec 4.1): few-shot linear accuracy of the frozen model on another dataset (closed-form ridge
-  regression, vitkit.evaluate.fewshot), preprocessed as the model expects: ``fewshot.json``, the file
-  ``vitkit fewshot`` writes. Metrics ``fewshot.<k>shot``: the mean over the probe's seeds.
-- ``attention`` (paper fig. 7): the mean attention distance (pixels) of every layer and head over the first
-  ``images`` held-out images of the run's own data, and the cosine similarity of the position embeddings:
-  ``attention.json``. Metrics ``attention.layer<i>``: layer i's distance, averaged over heads. A model without
-  attention (the ResNet) records why it has none, and its metrics are blank.
+- ``fewshot`` (paper sec 4.1): few-shot linear accuracy of the frozen model on another dataset, in the
+  ``fewshot.json`` that ``vitkit fewshot`` writes; metrics ``fewshot.<k>shot``, the mean over its seeds.
+- ``attention`` (paper fig. 7): the mean attention distance of every layer and head over the first ``images``
+  held-out images, and the position embeddings' similarity, in ``attention.json``; metrics ``attention.layer<i>``,
+  averaged over heads (blank for a model without attention).
 """
 
 from __future__ import annotations
@@ -153,14 +151,12 @@ def is_probe_metric(metric: str) -> bool:
 
 
 def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], list[Path]]], out: Path) -> list[Path]:
-    """The paper's fig. 7 for a sweep's models: ``attention_distance.png``, the mean attention distance by depth
-    (one line per group of seeds: the mean over heads and seeds; dots: every head of every seed), and per group
-    ``position_similarity_<group>.png`` (its first seed's table) where the model has a learned table. A group is
-    (its name, the values of its axes, its run directories); it is labelled by the values that differ."""
+    """The paper's fig. 7 for a sweep's groups (name, axis values, run directories): ``attention_distance.png`` (a
+    line per group, dots per head and seed) and per group with a position table ``position_similarity_<group>.png``."""
     from matplotlib.figure import Figure
 
     from ..inspect.figures import plot_position_similarity
-    from ..io import atomic_write
+    from ..train.metrics import save_figure
 
     found, values = [], []
     for label, axes, run_dirs in groups:
@@ -196,10 +192,7 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     ax.set_title(f"{name}: mean attention distance\n(dots: every head of every seed; line: their mean)", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "attention_distance.png"
-    atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
-    return [path, *paths]
+    return [save_figure(fig, out / "attention_distance.png"), *paths]
 
 
 def _differing(values: list[dict[str, Any]]) -> list[str]:

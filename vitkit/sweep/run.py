@@ -1,15 +1,9 @@
 """Running a sweep: each cell is an ordinary training run in OUT/<cell name>, skipped when it has finished.
 
-A rerun picks up where a killed sweep stopped: a finished run (its train_state at the last step, with a final
-evaluation) is skipped and never touched; one with a state short of the end is resumed (run.resume=true: the same
-weights as a run never interrupted); one killed before its first save is removed (after taking its lock, so a live
-run is never touched) and started again; an absent one is started.
-
-A cell with probes (probes.py) runs them on its first run's model once that has finished. A cell with a finetune
-stage is finished when both runs are; the second starts from the first's weights (run.init_from=OUT/<cell name>)
-in OUT/<cell name>--finetune, or from scratch with the first stage's model settings for a cell with ``pretrain:
-false``. ``--jobs N`` runs N cells at once in spawned processes, each with run.threads = min(its config's,
-cores // N) so the cores are not oversubscribed.
+A rerun picks up where a killed sweep stopped: a finished run is never touched, one with a state short of the end is
+resumed, one killed before its first save is removed (under its lock) and started again. A cell's finetune stage
+starts from its first run's weights in OUT/<cell name>--finetune (with ``pretrain: false`` from scratch), after
+its probes. ``--jobs N`` runs N cells at once in spawned processes, each on at most cores // N threads.
 """
 
 from __future__ import annotations
@@ -18,7 +12,7 @@ import dataclasses
 import json
 import shutil
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
@@ -35,7 +29,7 @@ from ..train.overrides import value_text
 from ..train.recipe import config_from_dict, load_config
 from ..train.state import STATE_NAME
 from .probes import Probes, run_probes
-from .spec import FINETUNE, Cell, SweepSpec
+from .spec import Cell, SweepSpec, finetune_name
 
 # what stops one cell and lets the others go on: a setting that does not work (a config error, a diverged run);
 # anything else is a bug and stops the sweep with its traceback
@@ -64,9 +58,8 @@ def default_threads(jobs: int) -> int:
 
 @dataclass(frozen=True)
 class CellPlan:
-    """What a cell runs: its first run's config (None for a cell that does not pretrain), and the finetune stage's
-    (config, overrides) if any, resolved only once the first run has finished (its recipe reads the first run's
-    checkpoint)."""
+    """What a cell runs: its first run's config (None without pretraining), and the finetune stage's (config,
+    overrides), resolved only once the first run has finished (its recipe reads that checkpoint)."""
 
     first: TrainConfig | None
     finetune: tuple[str | dict[str, Any], list[str]] | None
@@ -77,16 +70,12 @@ class CellPlan:
     hooks: RunHooks = NO_HOOKS  # passed to each of its runs (the command line's: their report pages)
 
     def run_dirs(self) -> list[Path]:
-        first = self.out / self.name
-        return ([first] if self.first is not None else []) + ([_finetune_dir(first)] if self.finetune else [])
+        first, second = self.out / self.name, self.out / finetune_name(self.name)
+        return ([first] if self.first is not None else []) + ([second] if self.finetune else [])
 
     def finished(self) -> bool:
         done = all(run_status(d) == "finished" for d in self.run_dirs())
         return done and (self.first is None or self.probes.done(self.out / self.name))
-
-
-def _finetune_dir(first: Path) -> Path:
-    return first.parent / f"{first.name}--{FINETUNE}"
 
 
 def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int, hooks: RunHooks = NO_HOOKS) -> CellPlan:
@@ -96,7 +85,7 @@ def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int, hooks: RunHo
     finetune = None
     if spec.finetune_config is not None:
         ft_base = spec.base_config(spec.finetune_config)
-        ft_overrides = [*spec.finetune_overrides, *common, f"run.name={cell.name}--{FINETUNE}"]
+        ft_overrides = [*spec.finetune_overrides, *common, f"run.name={finetune_name(cell.name)}"]
         if cell.pretrains:
             ft_overrides.append(f"run.init_from={out / cell.name}")
         else:  # the same model, from scratch: what the first stage's model section resolved to (name and fields)
@@ -172,14 +161,12 @@ def run_cells(
     hooks: RunHooks = NO_HOOKS,
 ) -> SweepRun:
     """Run (or skip, or resume) every cell; a cell that fails (CELL_FAILURES) is reported and the others go on.
-    SIGINT / SIGTERM stop the running cell at a step boundary with its state saved (TrainingInterrupted): the same
-    command again resumes it. ``hooks`` go to every run (see vitkit.train.RunHooks)."""
+    SIGINT / SIGTERM stop the running cell at a step boundary with its state saved (TrainingInterrupted)."""
     if jobs < 1:
         raise UserError(f"--jobs: expected a positive number of parallel runs, got {jobs}")
     threads = default_threads(jobs)
-    plans = [
-        (cell, plan_cell(spec, cell, out, threads, hooks)) for cell in cells
-    ]  # every config checked before any run
+    # every config checked before any run
+    plans = [(cell, plan_cell(spec, cell, out, threads, hooks)) for cell in cells]
     actions: dict[str, list[str]] = {}
     failed: dict[str, str] = {}
     pending = []
@@ -203,18 +190,15 @@ def run_cells(
         for cell, plan in pending:
             log(f"{cell.name}: queued")
             futures[pool.submit(run_cell, plan)] = cell
-        waiting = set(futures)
-        while waiting:
-            finished, waiting = wait(waiting, return_when=FIRST_COMPLETED)
-            for future in finished:
-                cell = futures[future]
-                error = future.exception()
-                if isinstance(error, CELL_FAILURES):
-                    failed[cell.name] = str(error)
-                    log(f"{cell.name}: failed: {error}")
-                elif error is not None:
-                    raise error
-                else:
-                    actions[cell.name] = future.result()
-                    log(f"{cell.name}: {', '.join(actions[cell.name])}")
+        for future in as_completed(futures):
+            cell = futures[future]
+            error = future.exception()
+            if isinstance(error, CELL_FAILURES):
+                failed[cell.name] = str(error)
+                log(f"{cell.name}: failed: {error}")
+            elif error is not None:
+                raise error
+            else:
+                actions[cell.name] = future.result()
+                log(f"{cell.name}: {', '.join(actions[cell.name])}")
     return SweepRun(actions, failed)

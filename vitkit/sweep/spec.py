@@ -29,22 +29,16 @@ from ..errors import UserError
 from ..train.overrides import value_text
 from .probes import Probes, parse_probes
 
-SPEC_KEYS = (
-    "config",
-    "overrides",
-    "grid",
-    "cells",
-    "skip",
-    "seeds",
-    "metrics",
-    "figure",
-    "finetune",
-    "probes",
-    "quick",
-)
+SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics", "figure", "finetune", "probes",
+             "quick")  # fmt: skip
 QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")
 PRETRAIN = "pretrain"  # a cell key, not a config key: ``pretrain: false`` trains the finetune stage from scratch
 FINETUNE = "finetune"  # the prefix of the finetune stage's metrics, and the suffix of its run directories
+
+
+def finetune_name(first: str) -> str:
+    """The run directory name of a cell's finetune stage, beside its first run's."""
+    return f"{first}--{FINETUNE}"
 
 
 def shipped_sweeps() -> dict[str, Path]:
@@ -109,11 +103,7 @@ class SweepSpec:
     @property
     def axes(self) -> list[str]:
         """The keys that vary, list cells' keys first, then the grid's, each once."""
-        keys: list[str] = []
-        for key in [k for cell in self.cells for k in cell] + list(self.grid):
-            if key not in keys:
-                keys.append(key)
-        return keys
+        return list(dict.fromkeys([*(k for cell in self.cells for k in cell), *self.grid]))
 
     def base_config(self, which: str | dict[str, Any] | None = None) -> str | dict[str, Any]:
         """The config of the first stage (or ``which``): an inline mapping as it is; a name, a file next to the
@@ -137,7 +127,8 @@ class SweepSpec:
                 combo = {**listed, **point}
                 if not any(all(k in combo and combo[k] == v for k, v in s.items()) for s in self.skip):
                     combos.append(combo)
-        short = _short_names(axes)
+        last = [k.rsplit(".", 1)[-1] for k in axes]  # a key by its last part where that is unique
+        short = {k: (s if last.count(s) == 1 else k) for k, s in zip(axes, last)}
         cells: list[Cell] = []
         seen: dict[str, dict[str, Any]] = {}
         for combo in combos:
@@ -154,11 +145,6 @@ class SweepSpec:
 def _frozen(value: Any) -> Any:
     """A YAML value as a hashable one (lists as tuples): cells group by their values."""
     return tuple(_frozen(v) for v in value) if isinstance(value, list) else value
-
-
-def _short_names(keys: list[str]) -> dict[str, str]:
-    last = [k.rsplit(".", 1)[-1] for k in keys]
-    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
 
 
 def _slug(value: Any) -> str:
@@ -184,11 +170,7 @@ def _grid(doc: Any, where: str) -> dict[str, list[Any]]:
 
 def _seeds(doc: Any, where: str) -> list[int]:
     seeds = [0] if doc is None else doc
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)
-    ):
+    if not isinstance(seeds, list) or not seeds or not all(type(s) is int for s in seeds):  # a bool is no seed
         raise UserError(f"{where}: expected a non-empty list of integer seeds, got {seeds!r}")
     return list(seeds)
 
@@ -203,14 +185,12 @@ def _mappings(doc: Any, where: str) -> list[dict[str, Any]]:
 
 def _read_spec(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
     """The spec's path (a file, or a shipped spec's stem) and its top-level keys, checked."""
-    path = Path(name_or_path)
+    name, path = str(name_or_path), Path(name_or_path)
     if not path.is_file():
         shipped = shipped_sweeps()
-        if str(name_or_path) not in shipped:
-            raise UserError(
-                f"sweep {str(name_or_path)!r}: no such file, and not a shipped sweep ({', '.join(shipped)})"
-            )
-        path = shipped[str(name_or_path)]
+        if name not in shipped:
+            raise UserError(f"sweep {name!r}: no such file, and not a shipped sweep ({', '.join(shipped)})")
+        path = shipped[name]
     try:
         doc = yaml.safe_load(path.read_text())
     except yaml.YAMLError as e:

@@ -1,8 +1,5 @@
-"""Training: configs (config.py, parsed by overrides.py from the files of config_files.py), the run set up
-(setup.py) and its loop (engine.py), objectives (objectives.py, mpp.py), optimizers and schedules (optim.py),
-seeded data order (sampling.py), run directories (rundir.py), resume state (state.py), torchrun/DDP
-(distributed.py), metrics and plots (metrics.py), the fine-tuning recipe and config loading (recipe.py), the model
-and its starting weights (model.py), the plan said before a run (plan.py) and `vitkit eval` (run_eval.py).
+"""Training: configs (config.py, overrides.py, config_files.py, recipe.py), the run's set-up (setup.py) and loop
+(engine.py), and the pieces they use, a module each.
 
     cfg = load_config("digits", ["optim.lr=2e-3"])
     result = train(cfg)          # -> TrainResult(run_dir, step, metrics, wall_s)

@@ -1,16 +1,9 @@
-"""Training configuration: one frozen dataclass per section of a YAML config, and what each key means.
+"""Training configuration: one frozen dataclass per section of a YAML config (model, data, optim, schedule, run,
+mpp); the comment on a field's line is its meaning, as ``vitkit config`` lists it.
 
-    model:    a registry name, token merging, and any field of its model config to change (width, depth, ...)
-    data:     vitkit.data.DataConfig (source, root, split, preprocessing, augmentation)
-    optim:    optimizer, lr, weight decay, clipping, label smoothing, global batch and accumulation
-    schedule: length (steps or epochs), warmup, decay shape
-    run:      where outputs go, seed, logging/eval/checkpoint cadence, precision, device, resume, init_from,
-              and the objective (classification, or mpp: masked patch prediction)
-    mpp:      the masked patch prediction objective's corruption rates and target (run.objective=mpp)
-
-Each section, and the whole TrainConfig, is a frozen value: change one with ``dataclasses.replace``. The typed
-``section.key=value`` parser is vitkit.train.overrides and the YAML files vitkit.train.config_files; a config as a
-run uses it, the fine-tuning recipe filled in, comes from vitkit.train.recipe (``load_config``).
+Sections and the whole TrainConfig are values: change one with ``dataclasses.replace``. The typed
+``section.key=value`` parser is overrides.py, the YAML files config_files.py, and a config as a run uses it (the
+fine-tuning recipe filled in) comes from recipe.py (``load_config``).
 """
 
 from __future__ import annotations
@@ -46,16 +39,13 @@ MODEL_SECTION_KEYS = ("name", "token_merge")  # declared by ModelConfig; the mod
 class ModelConfig:
     """A registered model (or the architecture of run.init_from) and the fields of its config to change.
 
-    Every field of the row's config class (ViTConfig, or ResNetConfig for a ResNet row) is a key of this
-    section, typed and checked by that class: ``model.resnet_layers=3,4,9``, ``model.gelu=exact``,
-    ``model.ln_eps=1e-12``. Fields left unset keep the registry's values, except ``img_size``, ``in_chans`` and
-    ``num_classes``, which follow the data. Without a name, the model is the one run.init_from holds, read
-    from the checkpoint itself (its fields checked when the model is built). Token merging is this section's
-    own key, not a field of the model's config: a speed patch on the built model, asked for by the run.
+    Every field of the row's config class (ViTConfig, or ResNetConfig for a ResNet row) is a key of this section,
+    typed and checked by that class (``model.gelu=exact``); unset fields keep the registry's values, except
+    ``img_size``, ``in_chans`` and ``num_classes``, which follow the data. ``token_merge`` is no field of the model's
+    config but a speed patch on the built ViT, for training and evaluation alike (vitkit.accel.tome).
     """
 
     name: str | None = None  # a registered model; none: run.init_from's own
-    # a speed patch on the built ViT, for training and evaluation alike (vitkit.accel.tome)
     token_merge: int = 0  # token merging (ToMe): tokens merged in each block; 0: off
     fields: dict[str, Any] = field(default_factory=dict)
 
@@ -108,9 +98,8 @@ class OptimConfig:
 class ScheduleConfig:
     """The run's length, in optimizer steps or in epochs (one of the two); linear warmup, then decay to min_lr.
 
-    With neither, a fine-tune (run.init_from) takes the paper's length for the data's size and a run from
-    scratch 10 epochs (see vitkit.train.recipe). A warmup as long as the run is shortened to
-    half of it, with a warning, so that the learning rate reaches optim.lr.
+    With neither, a fine-tune takes the paper's length for the data's size and a run from scratch 10 epochs
+    (vitkit.train.recipe). A warmup as long as the run is halved, with a warning, so the lr reaches optim.lr.
     """
 
     steps: int | None = None  # optimizer steps (0 or none: not set)
@@ -147,8 +136,7 @@ class RunConfig:
     save_every: int = 0  # steps between checkpoints (0: only at the end)
     eval_batch_size: int = 512  # images per evaluation forward pass
     amp: str = "none"  # "bf16" autocast (CPU or CUDA), "fp16" autocast + GradScaler (CUDA)
-    # a mode: "reduce-overhead" replays CUDA graphs (for GPU steps bound by launching kernels), "max-autotune" also
-    # tunes the matrix products; true is mode "default"
+    # true is mode "default"; "reduce-overhead" replays CUDA graphs (launch-bound steps), "max-autotune" tunes matmuls
     compile: bool | str = False  # torch.compile the training model: true, false, or a torch.compile mode
     # the same function, faster: vitkit.optimize_for_training(model) and the allocator's reuse of freed memory
     accel: str = "auto"  # "auto": what a training step on this device gains (vitkit.accel); "none": the model as built
@@ -156,9 +144,8 @@ class RunConfig:
     contiguous_params: bool = False  # one buffer per optimizer group: faster for small models; not under DDP
     device: str = "auto"  # "auto": cuda if available (the local rank's GPU under torchrun), else cpu
     threads: int = 0  # torch.set_num_threads on CPU (at most the usable cores); 0 keeps torch's default
-    # true: continue the newest of out_dir/name, name-1, ... that holds a training state; a run directory
-    # (run.resume=runs/digits-1, moved or copied ones too): continue that one. `vitkit train RUN/config.yaml
-    # run.resume=true` resumes RUN. A resume never re-reads run.init_from: the state holds every weight.
+    # true: the newest of out_dir/name, name-1, ... with a training state (`vitkit train RUN/config.yaml
+    # run.resume=true`: RUN); a directory: that run, moved or not. A resume never re-reads run.init_from.
     resume: bool | str = False
     resume_with_changes: bool = False  # resume even where the config differs from the run's (beyond RESUMABLE)
     init_from: str | None = None  # fine-tune from any checkpoint vitkit.load_pretrained reads
@@ -181,12 +168,8 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class MPPConfig:
-    """Masked patch prediction (paper sec 4.6, appendix B.1.2), used when run.objective=mpp (see train/mpp.py).
-
-    mask_ratio of the patches of each image are corrupted; each corrupted patch is replaced by the [mask]
-    embedding (mask_share), by another patch of the same image (random_share) or left as it is (the rest), and
-    its output token predicts the target. The shares are of the corrupted patches: 0.8 / 0.1 / (0.1) as BERT.
-    """
+    """Masked patch prediction (paper sec 4.6, appendix B.1.2) when run.objective=mpp (train/mpp.py): the shares are
+    of the corrupted patches, the rest left as they are (0.8 / 0.1 / 0.1 as BERT)."""
 
     mask_ratio: float = 0.5  # fraction of each image's patches that are corrupted and predicted, in (0, 1]
     mask_share: float = 0.8  # of the corrupted patches: replaced by the learned [mask] embedding
@@ -248,16 +231,6 @@ def _plain(x: Any) -> Any:
     return x
 
 
-SECTIONS: dict[str, type] = {
-    "model": ModelConfig,
-    "data": DataConfig,
-    "optim": OptimConfig,
-    "schedule": ScheduleConfig,
-    "run": RunConfig,
-    "mpp": MPPConfig,
-}
-
-
 def flat_keys(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """Nested sections -> ``{"optim.lr": 0.001, ...}``, the keys as the command line spells them."""
     out: dict[str, Any] = {}
@@ -272,6 +245,9 @@ def flat_keys(doc: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _section_types(cls: type) -> dict[str, Any]:
     hints = typing.get_type_hints(cls)
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
+
+
+SECTIONS: dict[str, type] = _section_types(TrainConfig)  # each YAML section's dataclass, in TrainConfig's order
 
 
 def type_name(tp: Any) -> str:
@@ -292,14 +268,14 @@ def field_comments(cls: type) -> dict[str, str]:
 
 
 def describe_config(cfg: TrainConfig | None = None, required: Sequence[str] = ()) -> str:
-    """Every key of a training config: ``section.key  type  value  meaning``; values are the defaults, or
-    cfg's; a key in required (one the config marks ``???``) reads ``<required>``. The model section lists the
-    fields of ViTConfig (or of the named row's config class)."""
+    """Every key of a training config: ``section.key  type  value  meaning``, values the defaults or cfg's (a key
+    in required reads ``<required>``); the model section lists the fields of ViTConfig or the named row's class."""
     cfg = cfg or TrainConfig()
-    name = "<required>" if "model.name" in required else repr(cfg.model.name)
     own = field_comments(ModelConfig)
-    merge = "<required>" if "model.token_merge" in required else repr(cfg.model.token_merge)
-    rows = [("model.name", "str | None", name, own["name"]), ("model.token_merge", "int", merge, own["token_merge"])]
+    rows = [
+        (f"model.{key}", tp, "<required>" if f"model.{key}" in required else repr(getattr(cfg.model, key)), own[key])
+        for key, tp in (("name", "str | None"), ("token_merge", "int"))
+    ]
     model_cls = config_class(MODELS[cfg.model.name]["arch"]) if cfg.model.name else ViTConfig
     notes = field_comments(model_cls)
     for key, tp in _section_types(model_cls).items():

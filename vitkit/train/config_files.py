@@ -1,9 +1,5 @@
-"""Config files: YAML read strictly (a key given twice is an error), the configs shipped in vitkit/configs, and
-what a command's ``--data`` names.
-
-A shipped config's header comment says what it is for, the command that runs it, its runtime and its result; its
-first line is the purpose ``vitkit train --help`` lists.
-"""
+"""Config files: YAML read strictly (a key given twice is an error), the configs shipped in vitkit/configs (the
+first line of each header comment is the purpose ``vitkit train --help`` lists), and what ``--data`` names."""
 
 from __future__ import annotations
 
@@ -38,11 +34,8 @@ def resolve_config_path(name_or_path: str) -> Path:
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.safe_load's loader, except that a key given twice in one mapping is an error.
-
-    PyYAML keeps the last of two equal keys without a word, so a second ``lr:`` under ``optim:`` would silently
-    override the first. Keys brought in by a merge (``<<: *defaults``) may still be overridden.
-    """
+    """yaml.safe_load's loader, except that a key given twice in one mapping is an error (PyYAML silently keeps the
+    last); keys brought in by a merge (``<<: *defaults``) may still be overridden."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         first_line: dict[Any, int] = {}
@@ -84,9 +77,8 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 
 def data_section(data: str) -> dict[str, Any]:
-    """What ``--data`` names, as a data section: a source (digits, synthetic, folder, cifar10, cifar100), an image
-    folder ``DIR/<class>/<images>`` (the folder source with that root), or a training config .yaml (its data
-    section). One meaning for every command that takes ``--data``."""
+    """What ``--data`` names, as a data section, for every command: a source, an image folder
+    ``DIR/<class>/<images>`` (the folder source with that root), or a training config .yaml (its data section)."""
     path = Path(data)
     if data in SOURCES:
         return {"source": data}

@@ -1,10 +1,5 @@
-"""Multi-process training through PyTorch's own engine: torchrun env vars, a process group, DDP.
-
-Launch with ``torchrun --nproc_per_node N -m vitkit.cli train ...`` (or any launcher that sets RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT). NCCL on CUDA, gloo on CPU. Each rank takes its shard of
-the seeded order (sampling.StepPlan), so the global batch is the same whatever the world size; only rank 0
-writes files.
-"""
+"""Multi-process training through PyTorch's own engine: ``torchrun --nproc_per_node N -m vitkit.cli train ...`` (or
+any launcher that sets RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); NCCL on CUDA, gloo on CPU."""
 
 from __future__ import annotations
 

@@ -1,16 +1,10 @@
 """The training loop: ``Trainer(cfg).fit()``, or ``train(cfg)``, runs a TrainConfig end to end.
 
-One optimizer step = ``accum_steps`` micro-batches (forward, backward; DDP syncs gradients on the last),
-a non-finite-loss check, gradient-norm clipping, the optimizer step at the scheduled lr. The loss is the
-objective's (run.objective, objectives.py). Every random choice derives from (seed, step): data order and
-augmentation (sampling.py), and dropout and MPP's corruption, re-seeded before each micro-batch. So the saved
-state is the weights, the optimizer and the step, and a resumed run ends with the same weights as one never
-interrupted. What the loop runs on is set up by RunSetup (setup.py); rank 0 writes the run directory: config.yaml
-(rundir.py), model.safetensors + config.json (load_pretrained reads it), train_state.safetensors (state.py),
-metrics.jsonl, loss.png and accuracy.png (metrics.py).
-
-The engine writes no report page: a caller that wants one as the run goes passes RunHooks (the command line
-passes vitkit.report.run's), which the main rank calls with run.plots on.
+One optimizer step is accum_steps micro-batches (DDP syncs gradients on the last), a non-finite check, gradient
+clipping and the step at the scheduled lr. Every random choice derives from (seed, step) -- data order and
+augmentation (sampling.py), dropout and MPP's corruption re-seeded before each micro-batch -- so the saved state is
+the weights, the optimizer and the step, and a resumed run ends with the same weights as one never interrupted.
+Rank 0 writes the run directory; a report page is the caller's, through RunHooks.
 """
 
 from __future__ import annotations
@@ -92,8 +86,7 @@ class TrainResult:
 
 
 class Trainer(RunSetup):
-    """A run set up from a TrainConfig (RunSetup: data, model, optimizer, run directory); ``fit()`` trains it to
-    the end, evaluating, saving and logging at the config's cadences."""
+    """A run set up from a TrainConfig (RunSetup); ``fit()`` trains it to the end at the config's cadences."""
 
     def __init__(self, cfg: TrainConfig, hooks: RunHooks = NO_HOOKS) -> None:
         self.hooks = hooks
@@ -103,7 +96,6 @@ class Trainer(RunSetup):
         self.pace: Pace | None = None  # fit(): the duration measured on the first steps, said once
         super().__init__(cfg)
 
-    # -------------------------------------------------------------------------------------- training
     def train_step(self, batches: Iterator[Batch]) -> float:
         """One optimizer step over accum_steps micro-batches; returns the mean loss (over ranks)."""
         cfg, step = self.cfg, self.step
@@ -163,20 +155,14 @@ class Trainer(RunSetup):
         """Rank 0 scores the held-out set (the other ranks wait); logs and returns the metrics."""
         metrics: dict[str, float] = {}
         if self.dist.is_main:
+            run = self.cfg.run
             metrics = self.objective.evaluate(
-                self.eval_model,
-                self.eval_ds,
-                self.device,
-                self.cfg.run.eval_batch_size,
-                self.cfg.run.amp,
-                self.cfg.data.num_workers,
+                self.eval_model, self.eval_ds, self.device, run.eval_batch_size, run.amp, self.cfg.data.num_workers
             )
-            weights = (
-                {"weights": polyak_label(self.cfg.optim.polyak, self.cfg.optim.polyak_warmup)}
-                if self.averaged is not None
-                else {}
-            )
-            self.metrics.write({"kind": "eval", "step": self.step, "epoch": self.epoch, **metrics, **weights})
+            record = {"kind": "eval", "step": self.step, "epoch": self.epoch, **metrics}
+            if self.averaged is not None:
+                record["weights"] = polyak_label(self.cfg.optim.polyak, self.cfg.optim.polyak_warmup)
+            self.metrics.write(record)
         dist_utils.barrier(self.dist)
         self.last_eval = metrics
         return metrics
@@ -229,13 +215,12 @@ class Trainer(RunSetup):
                 signal.signal(s, handler)
 
     def save(self) -> None:
-        """Training state and the model (+ config.json with metadata), each written atomically; weights that are
-        not finite are never saved (the last good checkpoint stays the last one written)."""
+        """Training state and model (+ config.json), each written atomically; non-finite weights are never saved."""
         named = [*self.model.named_parameters()]
         if self.averaged is not None:
             named += [(f"averaged {n}", p) for n, p in self.averaged.module.named_parameters()]
-        if not all(bool(torch.isfinite(p).all()) for _, p in named):
-            bad = [n for n, p in named if not bool(torch.isfinite(p).all())]
+        bad = [n for n, p in named if not bool(torch.isfinite(p).all())]
+        if bad:
             raise NonFiniteLossError(
                 f"non-finite weights after step {self.step} ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}); "
                 f"not saved. Last good checkpoint: {self._last_good()}. Try a lower optim.lr or optim.grad_clip"
@@ -350,10 +335,9 @@ class Trainer(RunSetup):
             final = self.evaluate()
             self.save()
         if self.dist.is_main and self.cfg.run.plots:
-            smoothing = self.cfg.optim.label_smoothing if self.cfg.run.objective == "classification" else 0.0
             d, classifies = self.cfg.data, self.cfg.run.objective == "classification"
-            mixing = {"mixup": d.mixup_alpha, "cutmix": d.cutmix_alpha} if classifies else {}
-            plot_metrics(self.metrics.records(), self.run_dir, label_smoothing=smoothing, **mixing)
+            soft = {"label_smoothing": self.cfg.optim.label_smoothing, "mixup": d.mixup_alpha, "cutmix": d.cutmix_alpha}
+            plot_metrics(self.metrics.records(), self.run_dir, **(soft if classifies else {}))
             if self.hooks.finished is not None:
                 self.hooks.finished(self.run_dir, self.device)
         wall = time.perf_counter() - self.t_start

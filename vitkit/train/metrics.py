@@ -1,17 +1,10 @@
 """Run metrics: metrics.jsonl (one JSON record per line) and PNG plots of the loss and accuracy curves.
 
-Records are ``{"kind": "train", "step", "epoch", "loss", "lr", "images_per_s", "time"}`` every log_every
-steps and ``{"kind": "eval", "step", "epoch", "eval_loss", "eval_top1", "eval_top5"}`` at each evaluation
-(masked patch prediction: ``"eval_mpp_loss", "eval_mpp_acc"``, the loss and colour accuracy on held-out images).
-A train record's loss is the mean over the steps since the previous record (the steps before a resume kept
-in the training state); on resume the file is cut back to the resumed step, so it reads as one uninterrupted
-run: the same records with the same values, apart from the timings (``images_per_s`` is the resumed process's).
-``images_per_s`` counts the training steps since the previous record, not the evaluations or saves between them;
-``time`` is the run's wall time.
-
-With run.tensorboard the same scalars also go to run_dir/tensorboard (``train/loss``, ``train/lr``,
-``train/images_per_s``, ``eval/<metric>``), read by TensorBoard, which is what most PyTorch users open; a resumed
-run purges the events past its step there too.
+Records are ``{"kind": "train", "step", "epoch", "loss", "lr", "images_per_s", "time"}`` every log_every steps and
+``{"kind": "eval", "step", "epoch", "eval_loss", "eval_top1", "eval_top5"}`` (MPP: ``eval_mpp_loss``,
+``eval_mpp_acc``) at each evaluation. A train record's loss is the mean over the steps since the previous record,
+``images_per_s`` their training alone, ``time`` the run's wall time. A resume cuts the file back to its step, so it
+reads as one uninterrupted run. With run.tensorboard the same scalars also go to run_dir/tensorboard.
 """
 
 from __future__ import annotations
@@ -101,15 +94,11 @@ def plot_metrics(
     mixup: float = 0.0,
     cutmix: float = 0.0,
 ) -> list[Path]:
-    """loss.png (train and eval loss) and accuracy.png (eval top-1/top-5) from metric records.
-
-    ``label_smoothing``, ``mixup`` and ``cutmix`` are the run's optim.label_smoothing, data.mixup_alpha and
-    data.cutmix_alpha: the train loss is then a cross-entropy against smoothed or mixed (soft) targets, which sits
-    above the plain eval loss, and its legend says so.
-    """
+    """loss.png (train and eval loss) and accuracy.png (eval top-1/top-5) from metric records. With label smoothing,
+    mixup or cutmix the train loss is against soft targets and sits above the eval loss: its legend says so."""
     out_dir = Path(out_dir)
     figure = loss_figure(records, label_smoothing=label_smoothing, mixup=mixup, cutmix=cutmix)
-    return [_save(figure, out_dir / "loss.png"), _save(accuracy_figure(records), out_dir / "accuracy.png")]
+    return [save_figure(figure, out_dir / "loss.png"), save_figure(accuracy_figure(records), out_dir / "accuracy.png")]
 
 
 def train_loss_label(label_smoothing: float = 0.0, mixup: float = 0.0, cutmix: float = 0.0) -> str:
@@ -125,13 +114,9 @@ def loss_figure(
     records: list[dict[str, Any]], *, label_smoothing: float = 0.0, mixup: float = 0.0, cutmix: float = 0.0
 ) -> Figure:
     """Train and eval loss against step; a log scale only when the loss spans more than a decade."""
-    from matplotlib.figure import Figure
-
     train = [r for r in records if r.get("kind") == "train"]
     evals = [r for r in records if r.get("kind") == "eval"]
-    fig = Figure(figsize=(6, 4))
-    ax = fig.add_subplot()
-    _readable_axes(ax)
+    fig, ax = _figure()
     label = train_loss_label(label_smoothing, mixup, cutmix)
     _plot(ax, [r["step"] for r in train], [r["loss"] for r in train], "o", "-", label)
     mpp = any("eval_mpp_loss" in r for r in evals)
@@ -153,13 +138,10 @@ def loss_figure(
 
 def accuracy_figure(records: list[dict[str, Any]]) -> Figure:
     """Held-out top-1 and top-5 accuracy against step, in percent (MPP: the colour prediction accuracy)."""
-    from matplotlib.figure import Figure
     from matplotlib.ticker import PercentFormatter
 
     evals = [r for r in records if r.get("kind") == "eval"]
-    fig = Figure(figsize=(6, 4))
-    ax = fig.add_subplot()
-    _readable_axes(ax)
+    fig, ax = _figure()
     ax.yaxis.set_major_formatter(PercentFormatter(xmax=1.0))
     mpp = [r for r in evals if "eval_mpp_acc" in r]
     evals = [r for r in evals if "eval_top1" in r]
@@ -186,12 +168,16 @@ def _plot(ax, x: list[float], y: list[float], marker: str, linestyle: str, label
         ax.plot(x, y, linestyle=linestyle, marker=marker if len(x) <= MARKER_MAX_POINTS else None, label=label)
 
 
-def _readable_axes(ax) -> None:
-    """Whole-number steps, and tick labels written out in full (no offset or multiplier in the corner)."""
+def _figure() -> tuple[Figure, Any]:
+    """A figure's one axes: whole-number steps, tick labels written out in full (no offset or multiplier)."""
+    from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # integers even around a lone point
     ax.ticklabel_format(style="plain", useOffset=False)
+    return fig, ax
 
 
 def _finish(ax) -> None:
@@ -200,13 +186,13 @@ def _finish(ax) -> None:
         ax.legend()
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save_figure(fig: Figure, path: Path) -> Path:
+    """The figure, laid out tight, as a PNG at path (written atomically); returns path."""
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=100))
     return path
 
 
-# ------------------------------------------------------------------------------------------------- pace
 def format_duration(seconds: float) -> str:
     """A duration as a person says it: seconds, minutes, hours or days."""
     for unit, size, limit in (("s", 1, 90), ("min", 60, 90 * 60), ("hours", 3600, 48 * 3600)):
@@ -216,11 +202,8 @@ def format_duration(seconds: float) -> str:
 
 
 class Pace:
-    """The run's remaining duration, measured on its first steps and said once.
-
-    The first step pays for warm-up (allocation, compilation), so timing starts after it and runs over the
-    next PACE_STEPS steps; ``tick(step)`` after each step returns the line to print, once, or None.
-    """
+    """The run's remaining duration, measured on its first steps (after the first, which pays for warm-up) and
+    said once: ``tick(step)`` after each step returns the line to print, or None."""
 
     def __init__(self, step: int, total_steps: int, steps: int = 5) -> None:
         self.start, self.total, self.steps = step + 1, total_steps, steps

@@ -1,11 +1,6 @@
 """The model of a training run: the architecture its config names (a registry row, or the one run.init_from
-holds) at the data's size, and a fine-tune's starting weights.
-
-``init_from_checkpoint`` loads every weight a checkpoint holds (any format vitkit.load_pretrained reads, or a
-pretrained tag), with the position embeddings resampled to the configured resolution (sec 3.2); then it
-replaces the whole head by one zero-initialised Dense for the new classes, dropping the pre-logits layer
-(sec 3.1). A pretraining head that is no part of a classifier (masked patch prediction's ``mpp.*`` keys) is
-dropped and reported. Anything else that does not fit (another width, depth, patch size) is an error.
+holds) at the data's size, and a fine-tune's starting weights: every weight of the checkpoint, position embeddings
+resampled (sec 3.2), then one zero-initialised head for the new classes without pre-logits (sec 3.1).
 """
 
 from __future__ import annotations
@@ -26,11 +21,8 @@ from .mpp import MPP_PREFIX
 
 
 def build_model(cfg: TrainConfig, info: DatasetInfo, source: Checkpoint | None = None) -> nn.Module:
-    """The configured model, its image size, channels and classes those of the data.
-
-    The architecture is the registry row model.name, or without a name the one run.init_from holds (read from
-    ``source`` when the caller has it already); model fields change either.
-    """
+    """The configured model (the row model.name, or the architecture run.init_from holds, read from ``source`` when
+    given), its image size, channels and classes those of the data."""
     fields = dict(cfg.model.fields)
     for key, data_key, value in (
         ("img_size", "data.img_size", info.img_size),

@@ -3,13 +3,10 @@
     images (B, C, H, W) -> patch embeddings (B, N, D) -> corrupt mask_ratio of them -> class token + position
     embedding -> encoder -> final LayerNorm -> the corrupted patches' output tokens (M, D) -> Linear -> targets
 
-Corruption acts on the patch embeddings before the position embedding is added, so a corrupted patch keeps its
-position and the class token is never corrupted. Each image has a fixed count of corrupted patches (so every image
-weighs the same in the loss), each becoming the learned [mask] embedding, another patch of the same image (never
-itself, never a [mask]: a plausible patch for that image, independent of its batch) or left as it is, as BERT
-corrupts tokens. Targets come from the images (MPPConfig.target: the patch's quantised mean colour, a grid of them,
-or its pixels); the loss is taken on the corrupted patches alone. The saved run is the plain ViT plus ``mpp.*`` keys
-(the [mask] embedding and the head), with metadata that tells every loader to drop them (``drop_on_load``).
+Corruption precedes the position embedding, so a corrupted patch keeps its position. Every image has the same count
+of corrupted patches (so each weighs the same in the loss); each becomes the [mask] embedding, another clean patch
+of the same image, or stays, as BERT corrupts tokens. The saved run is the plain ViT plus ``mpp.*`` keys, with
+metadata that tells every loader to drop them (``drop_on_load``).
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ from ..device import autocast
 from ..errors import UserError
 from ..evaluate.loop import batches, evaluating
 from ..models import VisionTransformer
-from ..models.common import as_pair, count_params, zero_head
+from ..models.common import as_pair, zero_head
 from ..pixels import patches_of, unnormalise
 from .config import MPPConfig
 from .sampling import mix_seed
@@ -68,8 +65,7 @@ def draw_corruption(
 
 
 def corrupt(tokens: torch.Tensor, kind: torch.Tensor, source: torch.Tensor, mask_token: torch.Tensor) -> torch.Tensor:
-    """Patch embeddings (B, N, D) with MASKED ones replaced by mask_token (D,) and REPLACED ones by the (clean)
-    embedding of their source patch."""
+    """Patch embeddings (B, N, D), MASKED ones replaced by mask_token (D,), REPLACED ones by their source's."""
     other = tokens.gather(1, source[..., None].expand(-1, -1, tokens.shape[-1]))  # (B, N, D)
     out = torch.where((kind == REPLACED)[..., None], other, tokens)
     return torch.where((kind == MASKED)[..., None], mask_token.to(out.dtype).expand_as(out), out)
@@ -145,12 +141,9 @@ class MPPHead(nn.Module):
 
 
 class MPPModel(nn.Module):
-    """A VisionTransformer (``vit``, unchanged) with corruption of its patch embeddings and an MPP head (``mpp``).
-
-    ``forward(images)`` -> (predictions (M, out) for the M corrupted patches in row-major (image, patch) order,
-    kind (B, N)); only the ViT's public pieces are used (patch_embed, embed_tokens, encode), so the ViT's weights
-    are exactly those of a plain VisionTransformer.
-    """
+    """A VisionTransformer (``vit``, used only through its public pieces, so its weights are a plain ViT's) with
+    corruption of its patch embeddings and an MPP head (``mpp``). ``forward(images)`` -> (predictions (M, out) for
+    the M corrupted patches in row-major (image, patch) order, kind (B, N))."""
 
     def __init__(self, vit: nn.Module, cfg: MPPConfig) -> None:
         super().__init__()
@@ -190,14 +183,9 @@ class MPPModel(nn.Module):
     def no_weight_decay(self) -> set[str]:
         return {f"vit.{n}" for n in self.vit.no_weight_decay()} | {"mpp.mask_token"}
 
-    def num_params(self, trainable_only: bool = False) -> int:
-        return count_params(self, trainable_only)
 
-
-# ----------------------------------------------------------------------------------------------- objective
 class MaskedPatchPrediction:
-    """The training objective of run.objective=mpp: ``wrap`` the ViT, ``loss`` on a batch, ``evaluate`` a data set,
-    ``export`` what the run saves."""
+    """The training objective of run.objective=mpp (what an objective does: objectives.py)."""
 
     def __init__(self, cfg: MPPConfig, info: DatasetInfo, seed: int = 0) -> None:
         self.cfg, self.info, self.seed = cfg, info, seed
@@ -267,8 +255,7 @@ class MaskedPatchPrediction:
         return {"eval_mpp_loss": loss_sum / patches, "eval_mpp_acc": right / total, "eval_images": images}
 
     def export(self, model: nn.Module) -> tuple[nn.Module, dict[str, torch.Tensor], dict[str, Any]]:
-        """(the ViT to save as the run's model, the MPP head's tensors under ``mpp.``, metadata saying what they are
-        and that loaders drop them)."""
+        """(the ViT the run saves, the MPP head's tensors under ``mpp.``, metadata telling loaders to drop them)."""
         assert isinstance(model, MPPModel), "export() takes the model wrap() made"
         extra = {f"{MPP_PREFIX}{k}": v for k, v in model.mpp.state_dict().items()}
         meta = {"objective": "mpp", "mpp": asdict(self.cfg), "drop_on_load": [MPP_PREFIX]}

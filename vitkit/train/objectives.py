@@ -1,10 +1,6 @@
-"""What a run trains its model to do (run.objective), how it scores it and what it saves.
-
-An objective wraps the built model for training (``wrap``), gives the loss of a batch (``loss``), scores held-out
-data (``evaluate``) and hands back what a checkpoint holds (``export``): ``Classification``, cross-entropy on the
-labels, scored by top-1 / top-5; or masked patch prediction (mpp.py), which wraps the ViT, ignores the labels and
-saves the plain ViT with its pretraining head as extras.
-"""
+"""What a run trains its model to do (run.objective): an objective wraps the built model (``wrap``), gives the loss
+of a batch (``loss``), scores held-out data (``evaluate``) and hands back what a checkpoint holds (``export``):
+``Classification`` here, or masked patch prediction (mpp.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """Optimizers, the learning-rate schedule and Polyak averaging of the weights.
 
-Weight decay applies to weights only: parameters with ndim >= 2 that the model does not list in
-``no_weight_decay()`` (class token, position embeddings). Biases and LayerNorm/GroupNorm parameters are
-never decayed, as in the official code. The schedule is a pure function of the step, so resuming needs no
-scheduler state beyond the step itself.
+Weight decay applies to weights only (ndim >= 2, not in the model's ``no_weight_decay()``), never to biases, norms
+or embeddings, as in the official code. The schedule is a pure function of the step: a resume needs no other state.
 """
 
 from __future__ import annotations
@@ -46,16 +44,9 @@ def param_groups(model: nn.Module, weight_decay: float, layer_decay: float = 1.0
             continue
         decayed = p.ndim >= 2 and name not in skip
         layer = layer_id(name, depth) if layer_decay != 1.0 else 0
-        group = groups.setdefault(
-            (layer, decayed),
-            {
-                "params": [],
-                "weight_decay": weight_decay if decayed else 0.0,
-                "lr_scale": layer_decay ** (depth + 1 - layer) if layer_decay != 1.0 else 1.0,
-                "layer": layer,
-            },
-        )
-        group["params"].append(p)
+        scale = layer_decay ** (depth + 1 - layer) if layer_decay != 1.0 else 1.0
+        group = {"params": [], "weight_decay": weight_decay if decayed else 0.0, "lr_scale": scale, "layer": layer}
+        groups.setdefault((layer, decayed), group)["params"].append(p)
     return [groups[k] for k in sorted(groups, key=lambda k: (k[0], not k[1]))]
 
 
@@ -71,11 +62,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, fused: bool = False) -> 
 
 
 def lr_at(step: int, total_steps: int, base_lr: float, sched: ScheduleConfig) -> float:
-    """The learning rate for optimizer step ``step`` (0-based) of ``total_steps``.
-
-    Linear warmup from base_lr / warmup to base_lr over ``warmup_steps``, then cosine or linear decay from
-    base_lr to ``min_lr`` at the last step (or constant).
-    """
+    """The learning rate of step ``step`` (0-based) of ``total_steps``: linear warmup from base_lr / warmup_steps,
+    then cosine, linear or no decay from base_lr to ``min_lr`` at the last step."""
     if step < sched.warmup_steps:
         return base_lr * (step + 1) / sched.warmup_steps
     if sched.decay == "constant":
@@ -105,26 +93,20 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
         group["lr"] = lr * group.get("lr_scale", 1.0)
 
 
-# ------------------------------------------------------------------------------------------------- polyak
 def polyak_label(decay: float, warmup: bool) -> str:
     """What the run's model is, for its metadata, its eval records and its plots."""
     return f"polyak average {decay:g}" + (" (warm-up (1+t)/(10+t))" if warmup else "")
 
 
 def polyak_decay(decay: float, t: int, warmup: bool = True) -> float:
-    """The averaging factor of Polyak update t (0 for the first): decay, or with the warm-up
-    min(decay, (1 + t) / (10 + t))."""
+    """The factor of Polyak update t (0 for the first): decay, or with the warm-up min(decay, (1 + t) / (10 + t))."""
     return min(decay, (1 + t) / (10 + t)) if warmup else decay
 
 
 def polyak_average(model: nn.Module, decay: float, warmup: bool, total_steps: int) -> AveragedModel | None:
-    """The Polyak-averaged copy of the model (optim.polyak; None when 0), starting from the initial weights.
-
-    Update t (0 for the first) moves it towards the new weights with the factor ``polyak_decay(decay, t)``:
-    with optim.polyak_warmup, min(decay, (1 + t) / (10 + t)) as TensorFlow's ExponentialMovingAverage with
-    num_updates and timm's EMA warmup, so the initial weights are forgotten in a run of any length. One
-    fused lerp over all parameters; each rank does the same on identical weights, so it is DDP-safe.
-    """
+    """The Polyak-averaged copy of the model (optim.polyak; None when 0), starting from the initial weights; update t
+    moves it towards the new weights by ``polyak_decay(decay, t)`` (the warm-up, as TensorFlow's and timm's EMA,
+    forgets the initial weights in a run of any length). Every rank does the same on identical weights: DDP-safe."""
     if not decay:
         return None
     horizon = round(1 / (1 - decay))

@@ -1,14 +1,9 @@
 """Typed ``section.key=value`` values: a config file's sections under the command line's, built into a TrainConfig.
 
-A value's type is the dataclass field's type, so ``optim.lr=3e-4`` is a float, ``optim.betas=0.9,0.95`` a
-tuple and ``model.representation_size=none`` an Optional; an unknown key or a wrong type is a UserError
-(ConfigError) naming the key, what was expected and (for a typo) the close matches, and where the value came from
-(the config file's path, or the command line).
-
-The command line's values replace the file's, and a length given there replaces the file's in either unit
-(``schedule.steps=400`` over a file's ``schedule.epochs``); both units on one level are an error. A value ``???``
-in a file is one the user must give. Nothing here reads a checkpoint: the fine-tuning recipe fills what a
-fine-tune leaves open afterwards (vitkit.train.recipe).
+A value takes its dataclass field's type (``optim.betas=0.9,0.95`` is a tuple, ``model.representation_size=none``
+None); an unknown key or a wrong type is a ConfigError naming the key, what was expected, close matches and where
+the value came from (the file's path, or the command line). A length on the command line replaces the file's in
+either unit (``schedule.steps=400`` over ``schedule.epochs``); a value ``???`` is one the user must give.
 """
 
 from __future__ import annotations
@@ -28,8 +23,7 @@ from .config import MODEL_SECTION_KEYS, REQUIRED, SECTIONS, ModelConfig, TrainCo
 
 COMMAND_LINE = "command line"  # where an override's value came from, as errors name it
 LENGTH_KEYS = ("steps", "epochs")  # schedule: the run's length, one of the two
-# Keys whose own vocabulary has the word "none" (no augmentation): there it is that value, never null
-# (null still leaves the choice to the source's default).
+# keys whose own vocabulary has "none" (no augmentation): there it is that value; null is the source's default
 NONE_IS_A_CHOICE = {"data.train_augment": AUGMENTS}
 T = TypeVar("T")
 Sections = dict[str, dict[str, Any]]
@@ -217,16 +211,6 @@ def _is_unset(value: Any) -> bool:
     return value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and value == 0)
 
 
-def _merge(file: Sections, cli: Sections) -> Sections:
-    """The command line's values over the file's. A length on the command line (schedule.steps or
-    schedule.epochs) replaces the file's length in the other unit; both units on one level stay an error."""
-    merged = {section: {**file[section], **cli[section]} for section in SECTIONS}
-    for key, other in (LENGTH_KEYS, LENGTH_KEYS[::-1]):
-        if not _is_unset(cli["schedule"].get(key)) and other not in cli["schedule"] and other in file["schedule"]:
-            del merged["schedule"][other]
-    return merged
-
-
 def _without_required(values: Sections) -> Sections:
     return {s: {k: v for k, v in items.items() if v != REQUIRED} for s, items in values.items()}
 
@@ -257,7 +241,13 @@ class GivenValues:
 
     @property
     def merged(self) -> Sections:
-        return _merge(self.file, self.cli)
+        """The command line's values over the file's; a length given there replaces the file's in the other unit."""
+        file, cli = self.file, self.cli
+        merged = {section: {**file[section], **cli[section]} for section in SECTIONS}
+        for key, other in (LENGTH_KEYS, LENGTH_KEYS[::-1]):
+            if not _is_unset(cli["schedule"].get(key)) and other not in cli["schedule"] and other in file["schedule"]:
+                del merged["schedule"][other]
+        return merged
 
     @property
     def missing(self) -> list[str]:
@@ -275,10 +265,8 @@ class GivenValues:
         return COMMAND_LINE if name in self.cli[section] else self.origin
 
     def build(self, listing: bool = False, filled: dict[str, Any] | None = None) -> TrainConfig:
-        """The TrainConfig, with ``filled`` (``section.key`` values of keys not given: a recipe's) added.
-
-        A key still marked ``???`` is refused, naming it; with ``listing`` (``vitkit config``) it is left at its
-        default instead."""
+        """The TrainConfig, with ``filled`` (a recipe's ``section.key`` values) added; a key still marked ``???`` is
+        refused, or with ``listing`` (``vitkit config``) left at its default."""
         missing = self.missing
         if missing and not listing:
             where = f"{self.origin}: " if self.origin else ""
@@ -299,10 +287,9 @@ class GivenValues:
             raise
 
     def _blame_the_file(self) -> None:
-        """Where the merged values fail: raise the file's own error, named by origin, if the file is at fault (it
-        fails as written and without the keys the command line replaced); else return, and the command line is
-        blamed. Merged values that build are never refused: an override may be what makes the file's values fit
-        (``model.num_heads=2`` over a file's ``width: 64``, which the registry's 3 heads do not divide)."""
+        """Raise the file's own error, named by origin, if the file is at fault (it fails as written and without the
+        keys the command line replaced); else the command line is blamed. Values that build are never refused: an
+        override may be what makes the file's fit (``model.num_heads=2`` over a ``width: 64`` 3 heads do not divide)."""
         kept = {s: {k: v for k, v in self.file[s].items() if k not in self.cli[s]} for s in SECTIONS}
         if _fails(_without_required(self.file)) and _fails(_without_required(kept)):
             labelled(self.origin, lambda: _build_config(_without_required(kept)))

@@ -1,7 +1,5 @@
 """What a run will do, said before it starts: its source, data, optimizer, batch and steps, and on a CPU the
-duration its FLOPs take at a rough rate per thread. The duration measured on the first steps follows once training
-runs (vitkit.train.metrics.Pace).
-"""
+duration its FLOPs take at a rough rate per thread (the measured one follows: vitkit.train.metrics.Pace)."""
 
 from __future__ import annotations
 
@@ -24,9 +22,7 @@ CPU_FLOPS_PER_THREAD = 40e9
 
 
 def describe_plan(cfg: TrainConfig) -> str:
-    """What a run will do, said before it starts: source, data, classes, images, optimizer, batch, steps,
-    warmup, resolution; on a CPU, the duration its FLOPs take at CPU_FLOPS_PER_THREAD (hours or days said
-    plainly). The duration measured on the first steps follows once training runs (vitkit.train.metrics.Pace)."""
+    """The plan of a run (module docstring), its data and model built for it (the model on the meta device)."""
     train_set, eval_set, info = build_datasets(cfg.data)
     assert isinstance(train_set, Sized) and isinstance(eval_set, Sized)
     source = read_checkpoint(cfg.run.init_from) if cfg.run.init_from else None

@@ -1,16 +1,13 @@
-"""A training config as a run uses it, resolved in one place: ``load_config`` (a file) or ``config_from_dict`` (a
-mapping) under the command line's overrides (vitkit.train.overrides), then for a fine-tune (run.init_from) the
-fine-tuning recipe in every key left open. ``recipe_values`` is the one resolution of that recipe, so ``vitkit
-finetune SOURCE --data DATA k=v`` (``finetune_config``) and ``vitkit train FILE run.init_from=SOURCE`` with the same
-data give the same config, apart from what the user (or the file: its values count as the user's) set and the name.
+"""A training config as a run uses it: ``load_config`` (a file) or ``config_from_dict`` (a mapping) under the
+command line's overrides, then for a fine-tune (run.init_from) the fine-tuning recipe (``recipe_values``, its one
+resolution) in every key the user or the file left open, so ``vitkit finetune`` and ``vitkit train`` with
+run.init_from give the same config.
 
-What the recipe fills, each only where not given: the source's preprocessing (resolution, mean / std, eval crop);
-for a source of ImageNet scale the paper's optimizer (Table 4: SGD momentum 0.9, lr 0.01, no weight decay, clip 1,
-batch 512), for a smaller one (below SMALL_SOURCE parameters) the digits config's AdamW in batches that make
-several steps an epoch, since SGD at lr 0.01 cannot teach a small source what it does not already do
-(benchmarks/finetune_digits.py); a named optimizer takes its own recipe whatever the source; cosine decay after a
-warmup of 5% of the run; the paper's length for the data's size (``default_steps``); EVALUATIONS over the run;
-and the settings a source run directory chose for its machine (CARRIED_RUN_KEYS).
+The recipe: the source's preprocessing; for a source of ImageNet scale the paper's optimizer (Table 4: SGD momentum
+0.9, lr 0.01, no weight decay, clip 1, batch 512), for one below SMALL_SOURCE parameters the digits config's AdamW
+in batches that make several steps an epoch, since SGD at lr 0.01 cannot teach a small source what it does not
+already do (benchmarks/finetune_digits.py), and a named optimizer its own; cosine decay after a 5% warmup; the
+paper's length for the data's size; EVALUATIONS over the run; and the machine settings of a source run directory.
 """
 
 from __future__ import annotations
@@ -41,9 +38,7 @@ PAPER_STEPS = ((20_000, 500), (500_000, 10_000), (math.inf, 20_000))  # (trainin
 MAX_EPOCHS = 10_000 * PAPER_BATCH / 50_000  # 102.4
 MIN_STEPS = 10
 WARMUP_FRACTION = 0.05  # 500 of the paper's 10k steps
-# Sources smaller than this are fine-tuned with AdamW, in batches that make several steps an epoch (module
-# docstring; benchmarks/finetune_digits.py compares the two recipes on such sources)
-SMALL_SOURCE = 1_000_000
+SMALL_SOURCE = 1_000_000  # parameters; a smaller source takes the AdamW recipe (module docstring)
 SMALL_SOURCE_STEPS_PER_EPOCH = 4
 OPTIMIZER_RECIPES: dict[str, dict[str, Any]] = {
     # Table 4's fine-tuning optimiser; lr 0.01 is in every one of its sweeps
@@ -54,10 +49,8 @@ OPTIMIZER_RECIPES: dict[str, dict[str, Any]] = {
 SCHEDULE = {"decay": "cosine"}
 PREPROCESSING_KEYS = ("img_size", "mean", "std", "eval_crop_fraction")
 EVALUATIONS = 10  # a fine-tune's evaluations over the run (run.eval_every), so its accuracy plot is a curve
-# What a fine-tune of a run directory keeps of that run's settings: how and where it runs and what it writes,
-# which a user set for their machine. Not kept: out_dir, name, resume, resume_with_changes, init_from (this run's
-# own), seed (a fine-tune is its own experiment: run.seed=S to choose), objective (a fine-tune classifies), and
-# eval_every / save_every (steps of the source's length, not this one's).
+# What a fine-tune of a run directory keeps of that run's settings: those a user set for their machine. Not the
+# seed (a fine-tune is its own experiment), the objective, nor cadences in steps of the source's length.
 CARRIED_RUN_KEYS = (
     "threads",
     "device",
@@ -92,12 +85,12 @@ def source_params(ckpt: Checkpoint) -> int:
 
 
 def is_small(ckpt: Checkpoint) -> bool:
-    """Whether the source is below ImageNet scale, where the paper's recipe does not hold (module docstring)."""
+    """Whether the source is below ImageNet scale, where the paper's recipe does not hold."""
     return source_params(ckpt) < SMALL_SOURCE
 
 
 def default_optimizer(ckpt: Checkpoint) -> str:
-    """The paper's SGD for a source of ImageNet scale, AdamW for a small one (module docstring)."""
+    """The paper's SGD for a source of ImageNet scale, AdamW for a small one."""
     return "adamw" if is_small(ckpt) else "sgd"
 
 
@@ -115,18 +108,10 @@ def run_length(cfg: TrainConfig, num_train: int) -> int:
     return math.ceil(DEFAULT_EPOCHS * per_epoch)
 
 
-def preprocessing_fields(ckpt: Checkpoint) -> dict[str, Any]:
-    """The data fields the weights expect: their resolution, mean / std and eval crop (the checkpoint's record)."""
-    return ckpt.preprocessing.data_fields(ckpt.metadata)
-
-
 # --------------------------------------------------------------------------------------------- the recipe
 def recipe_values(cfg: TrainConfig, given: set[str]) -> dict[str, Any]:
-    """The recipe's ``section.key`` values for a fine-tune of cfg.run.init_from, for every key not in given.
-
-    given: the keys the user set (``optim.lr``, ...); cfg: the config as they gave it. The source is read only
-    where its preprocessing or size decides a value, the training set only where the batch or length is open.
-    """
+    """The recipe's ``section.key`` values for a fine-tune of cfg (as the user gave it), for every key not in given
+    (those the user set); the source and the training set are read only where they decide an open value."""
     assert cfg.run.init_from, "recipe_values resolves a fine-tune: run.init_from must be set"
     out: dict[str, Any] = {}
     ckpt: Checkpoint | None = None
@@ -136,7 +121,8 @@ def recipe_values(cfg: TrainConfig, given: set[str]) -> dict[str, Any]:
             ckpt = read_checkpoint(cfg.run.init_from)
         except UserError as e:
             raise type(e)(f"run.init_from: {e}") from None
-        out.update({f"data.{k}": v for k, v in preprocessing_fields(ckpt).items() if f"data.{k}" not in given})
+        fields = ckpt.preprocessing.data_fields(ckpt.metadata)  # resolution, mean / std, eval crop
+        out.update({f"data.{k}": v for k, v in fields.items() if f"data.{k}" not in given})
         chans = ckpt.preprocessing.in_chans  # grey or RGB images are converted to the source's, as eval does
         if "data.in_chans" not in given:
             out["data.in_chans"] = chans
@@ -175,8 +161,7 @@ def recipe_values(cfg: TrainConfig, given: set[str]) -> dict[str, Any]:
 
 
 def source_run_settings(source: str) -> dict[str, Any]:
-    """The settings of a source run directory's config.yaml that a fine-tune of it keeps (CARRIED_RUN_KEYS), as
-    ``run.key`` values; nothing for a source that is no run directory."""
+    """The ``run.key`` settings a fine-tune keeps of a source run directory's config.yaml (CARRIED_RUN_KEYS)."""
     path = Path(source) / "config.yaml"
     if not path.is_file():
         return {}
@@ -205,14 +190,10 @@ def config_from_dict(
 ) -> TrainConfig:
     """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last).
 
-    A value ``???`` marks a key the user must supply (e.g. the data root of a shipped recipe). With run.init_from
-    set, every key of the fine-tuning recipe that neither doc nor overrides give is the recipe's
-    (``recipe_values``): a file's explicit values count as the user's. A length on the command line replaces
-    doc's length in the other unit (schedule.steps=400 over a file's schedule.epochs).
-
-    origin: where doc came from (a file's path), named in doc's errors; the overrides' errors name the command
-    line. listing: a ``???`` key is left at its default rather than refused (``vitkit config``), and the recipe
-    is resolved only once nothing is missing.
+    A value ``???`` marks a key the user must supply; with run.init_from set, every key neither doc nor overrides
+    give is the fine-tuning recipe's. ``origin`` (a file's path) is named in doc's errors. With ``listing``
+    (``vitkit config``) a ``???`` key is left at its default rather than refused, and the recipe is not applied
+    while one is missing.
     """
     return _resolve(GivenValues.read(doc, overrides, origin), listing)
 
@@ -238,8 +219,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
 def load_config_for_listing(
     path: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> tuple[TrainConfig, list[str]]:
-    """load_config for ``vitkit config``: a key the file marks ``???`` and the overrides do not give is left at
-    its default and returned among the required keys, rather than refused."""
+    """load_config for ``vitkit config``: a ``???`` key left open is kept at its default and returned, not refused."""
     return _load(path, overrides, listing=True)
 
 
@@ -255,7 +235,6 @@ def _load(path: str | Path | None, overrides: Sequence[str], listing: bool) -> t
 
 
 def finetune_config(source: str, data: str, overrides: Sequence[str] = ()) -> TrainConfig:
-    """The whole fine-tuning run of ``vitkit finetune SOURCE --data DATA key=value ...`` (module docstring):
-    the data, the source, a run name; every other value is the recipe's (``recipe_values``) or the user's."""
+    """The config of ``vitkit finetune SOURCE --data DATA k=v``: data, source, run name; the rest the recipe's."""
     doc = {"data": data_section(data), "run": {"init_from": str(source), "name": run_name(source)}}
     return config_from_dict(doc, list(overrides))

@@ -1,9 +1,5 @@
-"""Which data a checkpoint is scored on, and ``vitkit eval``: top-1, top-5 and cross-entropy on it.
-
-``checkpoint_data`` is the one answer to "what data and preprocessing belong to this checkpoint", for eval,
-fewshot and inspect alike: the run's own data by default, or what ``--data`` names, always preprocessed as the
-checkpoint's metadata says.
-"""
+"""Which data a checkpoint is scored on (``checkpoint_data``, for eval, fewshot and inspect alike), and ``vitkit
+eval``: top-1, top-5 and cross-entropy on it."""
 
 from __future__ import annotations
 
@@ -26,8 +22,7 @@ NO_DATA = "the checkpoint does not record its data; name it with --data (e.g. di
 
 
 def untrained_head(path: str | Path, metadata: dict[str, Any]) -> str | None:
-    """What to say of a checkpoint whose classifier head was never trained (a masked-patch-prediction run: its
-    metadata says objective=mpp), or None: its class scores are chance, whatever its features are worth."""
+    """The warning for a checkpoint whose classifier head was never trained (objective=mpp), or None."""
     if metadata.get("objective") != "mpp":
         return None
     return (
@@ -50,18 +45,11 @@ def checkpoint_data(
     data: str | None = None,
     overrides: Sequence[str] = (),
 ) -> DataConfig:
-    """The data a checkpoint is evaluated on (eval, fewshot, inspect), preprocessed as the model expects.
+    """The data a checkpoint is evaluated on, preprocessed as the model expects and never augmented.
 
-    ``data`` (the commands' ``--data``) is one of:
-      None         the checkpoint's own: the ``data`` section of the config.yaml a training run writes next to
-                   its weights, or a source that needs no files (digits, synthetic) recorded in its metadata
-      a source     digits, synthetic, folder, cifar10 or cifar100 (files through ``data.root=...``)
-      a directory  an image folder ``DIR/<class>/<images>``, split as a folder source is (``data.val_root=DIR``
-                   makes every image an evaluation image)
-      a .yaml file the ``data`` section of that training config
-    ``overrides`` are ``data.key=value`` strings, applied next. The preprocessing (size, channels, mean, std,
-    crop) is then the checkpoint's own, and training images are not augmented, since evaluation, few-shot
-    features and inspection need the plain images.
+    ``data`` is what the commands' ``--data`` names (config_files.data_section), by default the checkpoint's own:
+    the data section of its run's config.yaml, or a source that needs no files recorded in its metadata.
+    ``overrides`` are ``data.key=value`` strings, applied next; the preprocessing is then the checkpoint's own.
     """
     if data is not None:
         doc = data_section(data)
@@ -74,16 +62,8 @@ def checkpoint_data(
     if bad:
         raise UserError(f"overrides {bad}: only data.key=value overrides apply here")
     doc = config_from_dict({"data": doc}, list(overrides)).data.to_dict()
-    doc.update(
-        img_size=prep.img_size,
-        in_chans=prep.in_chans,
-        mean=prep.mean,
-        std=prep.std,
-        eval_crop_fraction=prep.crop_fraction,
-        train_augment="none",
-        flip=False,
-        shift_pixels=0,
-    )
+    doc.update(img_size=prep.img_size, in_chans=prep.in_chans, mean=prep.mean, std=prep.std)
+    doc.update(eval_crop_fraction=prep.crop_fraction, train_augment="none", flip=False, shift_pixels=0)
     return DataConfig.from_dict(doc)
 
 
@@ -98,8 +78,7 @@ def evaluate_checkpoint(
     """Metrics of the checkpoint at path (a run directory or any format load_model reads) on its data;
     ``model_overrides`` change the checkpoint's model config (what a bare state dict does not say)."""
     model, prep, metadata = load_for_inference(path, **model_overrides)
-    untrained = untrained_head(path, metadata)
-    if untrained:
+    if untrained := untrained_head(path, metadata):
         raise UserError(f"eval: {untrained}")
     data_cfg = checkpoint_data(path, metadata, prep, data, overrides)
     _, eval_ds, info = build_datasets(data_cfg)

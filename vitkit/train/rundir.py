@@ -1,10 +1,6 @@
 """Run directories: where a run goes (out_dir/name, or name-1, name-2, ... when taken), which one a resume
-continues, and the config.yaml that each holds, its paths absolute and a line per resume that changed it.
-
-Rank 0 claims a new directory by making it (of two processes choosing the same name, one moves on to the next).
-run.resume=true continues the newest out_dir/name[-N] with a training state, run.resume=DIR that directory (where
-it is now: its location is no part of its config); a resume must keep the config, apart from RESUMABLE keys or
-with run.resume_with_changes=true. A new run that fails before it records anything leaves no directory.
+continues, and the config.yaml each holds (paths absolute, a line per resume that changed it). A resume must keep
+the config, apart from RESUMABLE keys or with run.resume_with_changes=true.
 """
 
 from __future__ import annotations
@@ -25,28 +21,10 @@ from .state import STATE_NAME, read_train_state
 # What a resume may change: the length of the run and how it is run, logged and shown; everything else must
 # match the run's config.yaml (or run.resume_with_changes=true must say the change is meant).
 RESUMABLE = frozenset(
-    {
-        "schedule.steps",
-        "schedule.epochs",
-        "run.resume",
-        "run.resume_with_changes",
-        "run.progress",
-        "run.plots",
-        "run.log_every",
-        "run.eval_every",
-        "run.save_every",
-        "run.eval_batch_size",
-        "run.threads",
-        "run.device",
-        "run.compile",
-        "run.accel",
-        "run.contiguous_params",
-        "run.tensorboard",
-        "data.num_workers",
-    }
+    ["schedule.steps", "schedule.epochs", "run.resume", "run.resume_with_changes", "data.num_workers"]
+    + [f"run.{k}" for k in ("threads", "device", "compile", "accel", "contiguous_params", "eval_batch_size")]
+    + [f"run.{k}" for k in ("progress", "plots", "log_every", "eval_every", "save_every", "tensorboard")]
 )
-
-
 LOCATION = frozenset({"run.out_dir", "run.name"})  # where a run is, not what it is: never a change
 PATH_KEYS = ("data.root", "data.val_root", "run.init_from", "run.out_dir")  # stored absolute in config.yaml
 HISTORY_PREFIX = "# resumed at step "  # config.yaml's header lines that keep what a resume changed
@@ -64,11 +42,8 @@ def _runs_of(out_dir: str | Path, name: str) -> list[Path]:
 
 
 def find_resume_dir(run: RunConfig) -> tuple[Path, list[Path]]:
-    """The run directory run.resume names, and the other resumable runs of the same name (for the message).
-
-    run.resume=DIR resumes that directory wherever it is (moved or copied); run.resume=true the newest of
-    out_dir/name, name-1, name-2, ... that holds a training state.
-    """
+    """The run directory run.resume names (DIR wherever it is, or for true the newest of out_dir/name, name-1, ...
+    with a training state), and the other resumable runs of the same name (for the message)."""
     if isinstance(run.resume, str):
         run_dir = Path(run.resume)
         if not (run_dir / STATE_NAME).is_file():
@@ -143,8 +118,7 @@ def claim_run_dir(cfg: TrainConfig, resume_dir: Path | None) -> tuple[Path, Dire
 
 
 def check_resumed_config(run_dir: Path, cfg: TrainConfig) -> None:
-    """A resume's config against the run's config.yaml: a difference beyond RESUMABLE is a UserError listing it,
-    unless run.resume_with_changes says the change is meant."""
+    """A UserError listing how cfg differs from the run's config.yaml beyond RESUMABLE, unless resume_with_changes."""
     saved_path = run_dir / "config.yaml"
     if not saved_path.is_file() or cfg.run.resume_with_changes:
         return
@@ -174,8 +148,7 @@ def write_config(run_dir: Path, cfg: TrainConfig, resumed_at: int | None = None)
 
 
 def discard_run_dir(run_dir: Path, lock: DirectoryLock | None) -> None:
-    """What a new run that failed before it recorded anything wrote goes (config.yaml, an empty TensorBoard
-    folder), then its lock, then the directory itself unless something else (not this run's) is in it."""
+    """Remove a failed new run's files, its lock, then its directory unless something else is in it."""
     (run_dir / "config.yaml").unlink(missing_ok=True)
     shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
     if lock is not None:

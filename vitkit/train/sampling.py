@@ -1,12 +1,9 @@
 """Seeded data order: every random choice of a run is a function of (seed, epoch, step, position).
 
-Epoch e visits the training set in the order ``randperm(n)`` drawn from a generator seeded with (seed, e);
-optimizer step s of that epoch takes the next ``batch_size`` indices (the last partial batch is dropped),
-split into ``accum_steps`` micro-batches and each of those into ``world_size`` equal contiguous shards, one
-per rank. Each item also gets its own augmentation seed derived from (seed, epoch, position), and
-``SeededItems`` seeds torch's RNG with it before the dataset's transform runs. So a run restarted at step s
-sees exactly the batches and augmentations it would have seen, with any number of DataLoader workers and
-any number of ranks, and the training state to save is just the step.
+Epoch e visits the training set in a permutation seeded with (seed, e); each optimizer step takes the next
+batch_size indices (a last partial batch is dropped), split into accum_steps micro-batches and each of those into
+one contiguous shard per rank; each item's augmentation is seeded with (seed, epoch, position). So a run restarted
+at step s sees exactly the batches it would have seen, with any number of workers and ranks.
 """
 
 from __future__ import annotations
@@ -104,8 +101,7 @@ class SeededBatches:
 
 
 class SeededItems(Dataset):
-    """Wraps a dataset so that item (index, seed) runs its random transform from the CPU generator seeded with
-    seed (transforms draw on the CPU, in the loader's processes)."""
+    """A dataset whose item (index, seed) runs its random transform from the CPU generator seeded with seed."""
 
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset

@@ -1,8 +1,7 @@
 """A training run set up: ``RunSetup(cfg)`` builds everything its steps use, and ``Trainer`` (engine.py) trains it.
 
-In order: the data and the seeded order of its batches, the run's length and schedule; the run a resume
-continues and the checkpoint the model starts from; the model and optimizer (``_build_model_and_optimizer``, the
-one place they are built); the run directory, claimed by rank 0 (rundir.py); and a resume's state. A set-up that
+In order: the data, its seeded batch order and the schedule; the run a resume continues and the checkpoint the model
+starts from; the model and optimizer; the run directory (claimed by rank 0) and a resume's state. A set-up that
 fails leaves no directory behind and gives back the threads, the process group and the lock it took.
 """
 
@@ -76,13 +75,9 @@ class RunSetup:
         source = self._find_source()
         torch.manual_seed(mix_seed(cfg.run.seed, 0x1417))  # model init
         self.objective = build_objective(cfg, self.info)
+        info, smoothing = self.info, cfg.optim.label_smoothing
         self.augment = build_augment(
-            cfg.data,
-            self.info.num_classes,
-            self.info.mean,
-            self.info.std,
-            label_smoothing=cfg.optim.label_smoothing,
-            objective=cfg.run.objective,
+            cfg.data, info.num_classes, info.mean, info.std, label_smoothing=smoothing, objective=cfg.run.objective
         )
         self._build_model_and_optimizer(source)
         self.run_dir = self._claim_run_dir()
@@ -108,9 +103,8 @@ class RunSetup:
             )
 
     def _find_source(self) -> Checkpoint | None:
-        """The run to resume, and the checkpoint the model starts from, read once (architecture, weights). A resume
-        takes every weight from its state and the architecture from the run's own checkpoint: a fine-tune resumes
-        without its source (run.init_from is read only to start one)."""
+        """The run to resume, and the checkpoint the model starts from, read once. A resume takes every weight from
+        its state and the architecture from the run's own checkpoint: run.init_from is read only to start a run."""
         run = self.cfg.run
         self.resume_dir: Path | None = None
         self.other_runs: list[Path] = []
@@ -123,9 +117,8 @@ class RunSetup:
         return None
 
     def _build_model_and_optimizer(self, source: Checkpoint | None) -> None:
-        """Every piece the training step uses, built here and nowhere else: the model (its architecture, a
-        fine-tune's weights, token merging, the objective's wrapper) on the device with run.accel's speed, then its
-        optimizer, Polyak average, gradient scaler, DDP wrapper, contiguous layout and torch.compile."""
+        """Every piece the training step uses, built here and nowhere else: the model (a fine-tune's weights, token
+        merging, the objective's wrapper) on the device, its optimizer, Polyak average, scaler, DDP and compilation."""
         cfg, o = self.cfg, self.cfg.optim
         fine_tune = source if self.resume_dir is None else None  # a resume's weights come from its state
         chans = fine_tune.preprocessing.in_chans if fine_tune is not None else self.info.in_chans

@@ -1,13 +1,11 @@
 """Training state for resume: one safetensors file, tensors plus a JSON document in its metadata.
 
     train_state.safetensors
-      tensors:  model.<param name>, optim.<param index>.<state name> (exp_avg, momentum_buffer, step, ...)
-      metadata: {"vitkit_train_state": JSON with step, epoch, optimizer param groups, non-tensor optimizer
-                 state, GradScaler state and whatever the engine adds (last metrics)}
+      tensors:  model.<param name>, averaged.<param name>, optim.<param index>.<state name> (exp_avg, step, ...)
+      metadata: {"vitkit_train_state": JSON with step, optimizer param groups and non-tensor state, GradScaler
+                 state and what the engine adds (epoch, last metrics, ...)}
 
-Nothing needs pickle to load. The file is written to a temporary name and renamed, so a process killed
-while saving leaves the previous state intact. Data order, augmentation and dropout are functions of
-(seed, step) (see sampling.py), so no RNG state is stored: the step is enough to continue exactly.
+Nothing needs pickle to load, and no RNG state is stored: every random choice is a function of (seed, step).
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ def save_train_state(
     scaler: torch.amp.GradScaler | None = None,
     averaged: nn.Module | None = None,
 ) -> None:
-    """Write model + optimizer tensors (+ the Polyak-averaged model's) and ``info`` (plain JSON: step, epoch, ...)
-    atomically to path."""
+    """Write model, optimizer (and averaged model) tensors and ``info`` (plain JSON: step, ...) atomically."""
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if averaged is not None:
         tensors.update({f"averaged.{k}": v.detach().contiguous().cpu() for k, v in averaged.state_dict().items()})
@@ -100,11 +97,8 @@ def _check_document(path: Path, doc: Any) -> None:
     if step > total:
         raise UserError(f"{where}: step={step} is past the run's total_steps={total}")
     groups = doc["param_groups"]
-    if (
-        not isinstance(groups, list)
-        or not groups
-        or not all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
-    ):
+    ok = isinstance(groups, list) and all(isinstance(g, dict) and isinstance(g.get("params"), list) for g in groups)
+    if not ok or not groups:
         raise UserError(f"{where}: param_groups={str(groups)[:60]}, expected a list of optimizer groups with params")
     plain = doc["optim_plain_state"]
     if not isinstance(plain, dict) or not all(k.isdigit() and isinstance(v, dict) for k, v in plain.items()):
@@ -123,8 +117,7 @@ def load_train_state(
     scaler: torch.amp.GradScaler | None = None,
     averaged: nn.Module | None = None,
 ) -> dict[str, Any]:
-    """Restore model, optimizer (and scaler, and the averaged model) in place from path; returns the JSON
-    document (step, ...)."""
+    """Restore model, optimizer, scaler and averaged model in place; returns the JSON document (step, ...)."""
     doc, tensors = read_train_state(path)
     if averaged is not None:
         saved = {k[len("averaged.") :]: v for k, v in tensors.items() if k.startswith("averaged.")}
