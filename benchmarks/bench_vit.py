@@ -3,14 +3,16 @@
     python benchmarks/bench_vit.py                                    # ViT-B/16 inference, fp32, batch 8
     python benchmarks/bench_vit.py --model vit_s16 --batch-size 32 --dtype bf16-autocast --mode train --compare hf
     python benchmarks/bench_vit.py --compare hf --compare timm --json out.json --results benchmarks/results/x.md
+    python benchmarks/bench_vit.py --dtype int8 --compare hf --compare timm          # each library's int8 switch
 
 vitkit runs through its documented switches: inference through ``vitkit.optimize_for_inference(model, precision,
 compile=...)``, a training step through ``vitkit.optimize_for_training(model)`` (bf16-autocast inference has no
 switch: the model as built). The peers (--compare: transformers, timm, onnxruntime) run their models with the same
-weights, dtype and compile mode. Outputs are compared before anything is timed; implementations then take turns
-round by round with a matmul peak (the fastest kernel here), and vitkit's speed over each peer's is the median of
-per-round ratios with its 95% interval. See harness/run.py. The process keeps freed memory for reuse
-(vitkit.accel.training.tune_cpu_allocator), as the vitkit command line did for this benchmark.
+weights, dtype and compile mode; for int8 (CPU inference) under torch's quantize_dynamic, eagerly. Outputs are
+compared before anything is timed; implementations then take turns round by round with a matmul peak (the fastest
+kernel here), and vitkit's speed over each peer's is the median of per-round ratios with its 95% interval. See
+harness/run.py. The process keeps freed memory for reuse (vitkit.accel.training.tune_cpu_allocator), as the vitkit
+command line did for this benchmark.
 """
 
 from __future__ import annotations
@@ -36,7 +38,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="vit_b16", help="a registered model (default vit_b16)")
     p.add_argument("--img-size", type=int, default=224)
     p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--dtype", choices=DTYPES, default="fp32", help="bf16 = bf16 weights; bf16-autocast = mixed")
+    p.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="fp32",
+        help="bf16 = bf16 weights; bf16-autocast = mixed; int8 = int8 Linear layers (CPU inference)",
+    )
     p.add_argument(
         "--attn", choices=ATTN_IMPLS, default="auto", help="attention path (auto: explicit in bf16 on a CPU)"
     )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import inspect
 import json
 import statistics
 
@@ -25,6 +26,7 @@ from harness import (
     paired_ratio_stats,
     paired_ratios,
     parse_bytes,
+    peer_step,
     probe_kernels,
     probe_size,
     recorded,
@@ -108,6 +110,28 @@ def test_vitkits_steps_run_its_documented_switches():
     assert model.state_dict().keys() == build_model(train, CPU).state_dict().keys()
 
 
+def test_int8_gives_each_library_its_own_int8_switch():
+    """vitkit's rows through optimize_for_inference(model, "int8"), a peer's through torch's quantize_dynamic; every
+    switched output near the fp32 model's (and not equal to it: the layers run in int8), before anything is timed."""
+    pytest.importorskip("transformers")
+    from torch.ao.nn.quantized.dynamic import Linear as DynamicInt8Linear
+
+    from vitkit.accel.int8 import Int8Linear
+
+    cfg = tiny_bench(dtype="int8", compare=("hf",), repeats=1, warmup=0)
+    report = run_bench(cfg)
+    assert [m.name for m in report.measurements] == ["vitkit", "hf"]
+    assert all(0 < m.parity_max_abs <= 0.1 for m in report.measurements)  # against the fp32 model
+    assert report.matmul_peak_kernel in ("torch._int_mm", "oneDNN int8, packed")
+    assert all(m.resident_bytes is None for m in report.measurements)  # packed int8 weights: not miscounted
+
+    x, y = torch.randn(2, 3, 32, 32), torch.zeros(2, dtype=torch.long)
+    fast = inspect.getclosurevars(vitkit_step(build_model(cfg, CPU), cfg, x, y, CPU)).nonlocals["fast"]
+    assert any(isinstance(m, (Int8Linear, DynamicInt8Linear)) for m in fast.modules())  # by the CPU: quantize_int8
+    peer = inspect.getclosurevars(peer_step(build_model(cfg, CPU), cfg, x, y, CPU)).nonlocals["forward"]
+    assert any(isinstance(m, DynamicInt8Linear) for m in peer.modules())
+
+
 def test_bench_refuses_to_time_a_peer_that_disagrees(monkeypatch):
     pytest.importorskip("transformers")
     from vitkit.checkpoint import hf as hf_mod
@@ -155,6 +179,8 @@ def test_bench_config_is_a_checked_frozen_value():
         bench.batch_size = 4  # type: ignore[misc]
     with pytest.raises(ValueError, match="unknown model 'vit_b61'; did you mean vit_b16"):
         build_model(BenchConfig(model="vit_b61"), CPU)
+    with pytest.raises(ValueError, match="int8 is measured for inference on the CPU only"):
+        BenchConfig(dtype="int8", mode="train", device="cpu")
 
 
 def test_parse_bytes():

@@ -29,7 +29,7 @@ from .report import BenchReport, Measurement, best_rows, environment, paired_rat
 from .results import command_line, machine, recorded, write_results
 from .run import estimate_max_batch, run_bench
 from .stats import RatioStats, load_average, load_warnings, paired_ratio_stats, settled
-from .steps import build_model, executes_first_token, make_step, vitkit_step
+from .steps import build_model, executes_first_token, make_step, peer_step, vitkit_step
 from .switches import PEERS_SWITCH, check_rows, int8_compile_note, peer_switch, precision_rows, vitkit_switch
 from .timing import SETTLE_S, step_seconds, time_alternating, time_call
 
@@ -70,6 +70,7 @@ __all__ = [
     "logit_agreement",
     "machine",
     "make_step",
+    "peer_step",
     "matmul_probe",
     "measure_matmul_peak",
     "measure_step_memory",

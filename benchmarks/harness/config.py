@@ -13,10 +13,11 @@ from vitkit.models.config import ATTN_IMPLS
 
 from .memory import parse_bytes
 
-DTYPES = ("fp32", "bf16-autocast", "bf16")
+DTYPES = ("fp32", "bf16-autocast", "bf16", "int8")  # int8: dynamic int8 Linear layers, CPU inference
 MODES = ("infer", "train")
 PEERS = ("hf", "onnx", "timm")  # transformers, onnxruntime (fp32 CPU inference), timm
-PARITY_TOL = {"fp32": 1e-4, "bf16-autocast": 5e-2, "bf16": 5e-2}  # max |a - b| / max(1, max |ref|)
+# max |a - b| / max(1, max |ref|); int8: a switched model against the fp32 one (the models as built are fp32)
+PARITY_TOL = {"fp32": 1e-4, "bf16-autocast": 5e-2, "bf16": 5e-2, "int8": 1e-1}
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class BenchConfig:
                 raise UserError(f"bench compare={peer!r}: expected one of {PEERS}")
         if self.max_repeats and self.max_repeats < self.repeats:
             raise UserError(f"bench max_repeats={self.max_repeats}: must be 0 or at least repeats={self.repeats}")
+        if self.dtype == "int8" and (self.mode != "infer" or self.device != "cpu"):
+            raise UserError("bench dtype='int8': int8 is measured for inference on the CPU only")
         if self.batch_size < 1 or self.repeats < 1 or self.warmup < 0:
             raise UserError("bench needs batch_size >= 1, repeats >= 1 and warmup >= 0")
         parse_bytes(self.memory_budget)

@@ -34,8 +34,7 @@ from .peak import MatmulProbe, matmul_probe, paired_utilisation
 from .peers import hf_peer, timm_peer
 from .report import BenchReport, Measurement, environment, paired_ratio_intervals
 from .stats import load_average, load_warnings, paired_ratio_stats, settled
-from .steps import build_model, executes_first_token, inputs_and_classes, onnx_step, vitkit_step
-from .steps import make_step as peer_step
+from .steps import build_model, executes_first_token, inputs_and_classes, onnx_step, peer_step, vitkit_step
 from .timing import SETTLE_S, step_seconds, time_alternating
 
 PROBE = "matmul peak"
@@ -130,7 +129,7 @@ def prepare(
             build = vitkit_step if impl == "vitkit" else peer_step
             bench.steps[name] = build(module, replace(cfg, compile=mode), x, y, device)
             bench.owners[name] = module
-            if impl == "vitkit" and cfg.mode == "infer":  # the switch computes what the model as built does
+            if (impl == "vitkit" or cfg.dtype == "int8") and cfg.mode == "infer":  # a switch computes the model
                 err = relative_max_diff(bench.steps[name](), ref)
                 bench.parity[impl] = max(bench.parity.get(impl, 0.0), check_one(f"{name} (its switch)", err, cfg, log))
     if "onnx" in cfg.compare:
@@ -148,7 +147,7 @@ def time_rows(
     each round: (times by row name, the probe among them under PROBE; the probe; its FLOPs)."""
     ours = next(name for name in bench.steps if name.startswith("vitkit"))
     probe, probe_flops = matmul_probe(
-        torch.float32 if cfg.dtype == "fp32" else torch.bfloat16,
+        {"fp32": torch.float32, "int8": torch.int8}.get(cfg.dtype, torch.bfloat16),
         device,
         seconds=step_seconds(bench.steps[ours], device),
     )
@@ -197,7 +196,8 @@ def measure(
         utilisation=share,
         hardware_utilisation=executed_share,
         step_memory_bytes=memory,
-        resident_bytes=resident_bytes(owner, cfg.mode) if owner is not None else None,
+        # int8 weights live in packed buffers that parameters() does not list: not counted rather than miscounted
+        resident_bytes=resident_bytes(owner, cfg.mode) if owner is not None and cfg.dtype != "int8" else None,
         parity_max_abs=bench.parity.get(name.split("/")[0]),
     )
 

@@ -2,14 +2,16 @@
 
 ``make_step`` runs a model as it is given (a peer, or vitkit's model as built); ``vitkit_step`` first gives vitkit's
 model its documented switch, the one a user asks for: ``optimize_for_inference(model, precision, compile=...)`` for
-fp32 and bf16 inference, ``optimize_for_training(model)`` for a training step. bf16-autocast inference has no switch
-of vitkit's (optimize_for_inference casts the weights instead), so there vitkit's model runs as built, as the peers do.
+fp32, bf16 and int8 inference, ``optimize_for_training(model)`` for a training step. bf16-autocast inference has no
+switch of vitkit's (optimize_for_inference casts the weights instead), so there vitkit's model runs as built, as the
+peers do. ``peer_step`` runs a peer as built, or for int8 under the peers' own switch (quantize_dynamic).
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,7 @@ from vitkit.models import MODELS, BiTConfig, ResNetConfig, ViTConfig, create_mod
 from vitkit.models.registry import unknown_model
 
 from .config import BenchConfig
+from .switches import peer_switch
 
 
 def build_model(cfg: BenchConfig, device: torch.device) -> nn.Module:
@@ -112,7 +115,8 @@ def vitkit_step(
         return make_step(model, cfg, x, y, device)
     if cfg.mode == "train":
         return make_step(optimize_for_training(model), cfg, x, y, device)
-    fast = optimize_for_inference(model, "bf16" if cfg.dtype == "bf16" else "fp32", compile=cfg.compile)
+    precision = cfg.dtype if cfg.dtype in ("bf16", "int8") else "fp32"
+    fast = optimize_for_inference(model, precision, compile=cfg.compile)
     if cfg.attn != "auto":  # the attention path asked for, rather than the switch's own pick for the precision
         fast.call_kwargs = {"attn_impl": cfg.attn}
 
@@ -120,6 +124,16 @@ def vitkit_step(
         return fast(x)
 
     return infer
+
+
+def peer_step(
+    model: nn.Module, cfg: BenchConfig, x: torch.Tensor, y: torch.Tensor, device: torch.device
+) -> Callable[[], torch.Tensor]:
+    """make_step of a peer: as built, but for int8 under the peers' documented switch (switches.peer_switch:
+    quantize_dynamic), which runs eagerly whatever cfg.compile says, as it cannot be compiled."""
+    if cfg.dtype != "int8":
+        return make_step(model, cfg, x, y, device)
+    return make_step(peer_switch(model, "int8", "none"), replace(cfg, compile="none"), x, y, device)
 
 
 def onnx_step(model: nn.Module, cfg: BenchConfig, x: torch.Tensor, workdir: Path) -> Callable[[], Any]:
