@@ -45,6 +45,21 @@ def _write_spec(path: Path, **changes) -> Path:
     return path
 
 
+def test_a_grid_of_more_runs_than_a_sweep_takes_is_refused_before_any_work(tmp_path, capsys):
+    """Five axes of 100 values are 10**10 runs: counted, not built, and refused in one line; nothing is written."""
+    values = list(range(100))
+    keys = ["optim.lr", "optim.weight_decay", "optim.grad_clip", "optim.label_smoothing", "model.depth"]
+    spec = _write_spec(tmp_path / "huge.yaml", grid=dict.fromkeys(keys, values), seeds=[0], figure={})
+    out = tmp_path / "out"
+    assert main(["sweep", str(spec), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    axes = " x ".join(f"100 {k}" for k in sorted(keys))  # the spec's order (safe_dump sorts the keys)
+    assert err.endswith(f"10,000,000,000 runs ({axes} x 1 seeds); a sweep runs at most 10,000"), err
+    assert not out.exists()
+    at_most = _write_spec(tmp_path / "s.yaml", grid={"optim.lr": list(range(5000))}, figure={})
+    assert len(load_spec(at_most).expand()) == 10_000  # 5,000 x 2 seeds: the most a sweep takes
+
+
 def test_spec_expands_to_named_cells_with_skips_and_a_quick_variant(tmp_path):
     spec = load_spec(
         _write_spec(

@@ -268,6 +268,48 @@ def test_duplicate_yaml_key_names_the_key_and_line(tmp_path, capsys):
         load_config(config)
 
 
+def _laughs(levels: int) -> str:
+    """The "billion laughs" as one flow list: each level nine aliases of the one before, 9**levels values in all."""
+    items = ["&l0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    items += [f"&l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return f"[{', '.join(items)}]"
+
+
+@pytest.mark.parametrize("command", ["train", "sweep", "report"])
+def test_yaml_whose_aliases_expand_past_the_bound_is_refused_before_it_is_built(tmp_path, capsys, command):
+    """A few lines of aliases stand for 9**9 values: refused in one line, in every command that reads YAML."""
+    target = tmp_path / "laughs.yaml"
+    if command == "report":  # a run directory whose config.yaml someone replaced
+        (tmp_path / "run").mkdir()
+        target = tmp_path / "run" / "config.yaml"
+    where = "config: digits\ngrid: {optim.lr: %s}\n" if command == "sweep" else "optim: {lr: %s}\n"
+    target.write_text(where % _laughs(9))
+    argv = [command, str(target.parent if command == "report" else target)]
+    one_line_error(capsys, argv, str(target), "expand to more than 10,000 values")
+    target.write_text(where % "&x [*x]")  # an alias inside its own anchor
+    one_line_error(capsys, argv, str(target), "refer to themselves")
+
+
+def test_yaml_size_is_bounded_and_aliases_within_the_bound_still_work(tmp_path, capsys):
+    config = tmp_path / "big.yaml"
+    config.write_text("# " + "x" * (1 << 20) + "\noptim: {lr: 1.0e-3}\n")
+    size = f"{config.stat().st_size:,} bytes"
+    one_line_error(capsys, ["train", str(config)], str(config), size, "at most 1,048,576 bytes")
+    config.write_text("optim: {lr: " + "[" * 5000 + "]" * 5000 + "}\n")
+    one_line_error(capsys, ["train", str(config)], str(config), "nested too deeply to read")
+    config.write_text("data: {mean: &half [0.5], std: *half}\noptim: {lr: 2.0e-3}\n")  # an alias, as YAML allows
+    cfg = load_config(config)
+    assert cfg.optim.lr == 2.0e-3 and list(cfg.data.std) == [0.5]
+
+
+def test_a_long_error_is_printed_as_its_two_ends(tmp_path, capsys):
+    """An error quoting a large value (a config's list of 5,000 numbers for one number) stays a readable line."""
+    config = tmp_path / "list.yaml"
+    config.write_text(f"optim: {{lr: {list(range(5000))}}}\n")
+    line = one_line_error(capsys, ["train", str(config)], str(config), "optim.lr", "characters ...]")
+    assert len(line) < 2200
+
+
 def test_yaml_merge_keys_may_still_be_overridden():
     # a merged mapping's keys are defaults the mapping itself may override; that is not a duplicate
     doc = yaml.load("a: &b {lr: 1, x: 2}\nc:\n  <<: *b\n  lr: 2\n", Loader=_UniqueKeyLoader)

@@ -28,6 +28,7 @@ Command = Callable[[argparse.Namespace], int | None]
 
 _COMMANDS: dict[str, tuple[str, Command]] = {}
 ONNX_MODULES = ("onnx", "onnxscript", "onnxruntime")  # what `vitkit export` needs
+ERROR_HALF = 1000  # a user error longer than twice this is printed as its two ends
 
 
 def command(name: str, help: str) -> Callable[[Command], Command]:
@@ -377,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("VITKIT_DEBUG") or not (isinstance(e, UserError) or e.filename):
             raise
         msg = str(e) if isinstance(e, UserError) else f"{e.filename}: {e.strerror}"
+        if len(msg) > 2 * ERROR_HALF:  # a value quoted whole (a huge list in a config) must not flood the terminal
+            msg = f"{msg[:ERROR_HALF]} [... {len(msg) - 2 * ERROR_HALF:,} characters ...] {msg[-ERROR_HALF:]}"
         print(f"vitkit {args.command}: error: {msg}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

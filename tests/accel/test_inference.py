@@ -283,6 +283,31 @@ def test_a_fast_model_refuses_a_call_once_its_models_weights_have_changed(change
         torch.testing.assert_close(again(x), model(x), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_a_model_made_under_inference_mode_is_optimised_and_its_later_changes_are_seen(precision, monkeypatch):
+    """Everything under torch.inference_mode (the model built, optimised, loaded, called), whose tensors keep no
+    version counter: the fast model computes the model's function, and a later load_state_dict, in or out of
+    inference mode, is refused rather than answered with the old weights."""
+    monkeypatch.setattr(inference, "bf16_is_fast", lambda device: True)  # bf16's own path, emulated or not
+    x = torch.randn(3, 3, 32, 32)
+    want = tiny_vit()(x).detach()
+    other = tiny_vit()
+    nn.init.normal_(other.head.weight)
+    tol = {"fp32": 1e-5, "bf16": 5e-2, "int8": 1e-1}[precision] * max(1.0, float(want.abs().max()))
+    for load_inside in (True, False):
+        with torch.inference_mode():
+            model = tiny_vit()
+            fast = optimize_for_inference(model, precision, compile="none")
+            torch.testing.assert_close(fast(x), want, atol=tol, rtol=0)
+            torch.testing.assert_close(copy.deepcopy(fast)(x), fast(x), atol=0, rtol=0)
+        if precision == "int8":  # a copy: the model's later changes leave it alone
+            continue
+        with torch.inference_mode(load_inside):
+            model.load_state_dict(other.state_dict())
+            with pytest.raises(UserError, match="the model's [\\w.]+ has changed since this fast model was made"):
+                fast(x)
+
+
 HOOKED = ("blocks.0.mlp.fc2", "blocks.1.mlp.fc1")
 
 

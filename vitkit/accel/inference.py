@@ -140,7 +140,9 @@ class InferenceModel(nn.Module):
     def __deepcopy__(self, memo: dict[int, Any]) -> InferenceModel:
         self._check_unchanged()  # a copy of weights that no longer agree with their source would be one too
         # the compiled form belongs to this model: the copy compiles its own on its first call
-        new = InferenceModel(copy.deepcopy(self.model, memo), self.dtype, self.compile_mode, self.precision)
+        with torch.inference_mode(False):
+            model = without_inference_tensors(copy.deepcopy(self.model, memo))
+            new = InferenceModel(model, self.dtype, self.compile_mode, self.precision)
         memo[id(self)] = new
         return new.train(self.training)
 
@@ -227,7 +229,8 @@ def optimize_for_inference(
 
     fp32 and bf16 convert the model in place (like ``model.to``: eval mode, frozen, cast) and run a copy of it that
     shares its tensors; they compute with the model's weights as they are now (packed, or constants of the compiled
-    graph): once those change (load_state_dict, an in-place update, .to()), a call raises UserError naming one. int8
+    graph): once those change (load_state_dict, an in-place update, .to()), a call raises UserError naming one (a
+    parameter made under torch.inference_mode, which counts no changes, is replaced by a copy that does). int8
     quantises a copy and leaves the model as it was. The config is never changed. Outputs come back in the input's
     dtype and match the fp32 model within the precision's tolerance. With compilation the first call, and the first
     at each new input shape, compiles (up to minutes for ViT-B on a small CPU). ``copy.deepcopy`` of the result is a
@@ -243,12 +246,29 @@ def optimize_for_inference(
     mode = _compile_mode(compile, precision, device)
     if device.type == "cpu":
         tune_cpu_allocator()
-    if precision == "int8":
-        frozen = quantize_int8(model)
-        if isinstance(frozen, VisionTransformer):
-            first_token_forward(frozen, always=True)
-        swap_gelus(frozen)
-        return InferenceModel(frozen, torch.float32, mode, "int8")
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model.eval().requires_grad_(False).to(dtype)
-    return InferenceModel(_inference_copy(model, device, dtype), dtype, mode, precision, source=model)
+    # what it makes are normal tensors, whose in-place changes autograd's version counter sees, even when called
+    # under torch.inference_mode (whose tensors have no such counter)
+    with torch.inference_mode(False):
+        if precision == "int8":
+            frozen = quantize_int8(model)
+            if isinstance(frozen, VisionTransformer):
+                first_token_forward(frozen, always=True)
+            swap_gelus(frozen)
+            return InferenceModel(frozen, torch.float32, mode, "int8")
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        without_inference_tensors(model).eval().requires_grad_(False).to(dtype)
+        return InferenceModel(_inference_copy(model, device, dtype), dtype, mode, precision, source=model)
+
+
+def without_inference_tensors(model: nn.Module) -> nn.Module:
+    """The model, in place, with each parameter or buffer made under torch.inference_mode replaced by a normal copy
+    (the same values): the fast model must see later changes to them, and inference tensors count none."""
+    with torch.inference_mode(False):
+        for module in model.modules():
+            for name, p in module._parameters.items():
+                if p is not None and p.is_inference():
+                    module._parameters[name] = nn.Parameter(p.clone(), requires_grad=p.requires_grad)
+            for name, b in module._buffers.items():
+                if b is not None and b.is_inference():
+                    module._buffers[name] = b.clone()
+    return model

@@ -18,17 +18,18 @@ A cell's run directory is OUT/<name>, named by its varying values and seed: ``po
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..errors import UserError
+from ..train.config_files import read_yaml
 from ..train.overrides import value_text
 from .probes import Probes, parse_probes
 
+MAX_RUNS = 10_000  # runs in one sweep: each is a training run; a bigger grid is a typo or a job for a cluster
 SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics", "figure", "finetune", "probes",
              "quick")  # fmt: skip
 QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")
@@ -115,7 +116,12 @@ class SweepSpec:
         return str(beside) if beside.is_file() else name
 
     def expand(self) -> list[Cell]:
-        """Every cell: list cells x grid points x seeds, minus the skipped combinations, named."""
+        """Every cell: list cells x grid points x seeds, minus the skipped combinations, named; more than MAX_RUNS
+        is refused before any is made."""
+        runs = max(len(self.cells), 1) * math.prod(len(v) for v in self.grid.values()) * len(self.seeds)
+        if runs > MAX_RUNS:
+            sizes = " x ".join([*(f"{len(v)} {k}" for k, v in self.grid.items()), f"{len(self.seeds)} seeds"])
+            raise UserError(f"{self.path}: {runs:,} runs ({sizes}); a sweep runs at most {MAX_RUNS:,}")
         axes = self.axes
         grid_points = [dict(zip(self.grid, combo)) for combo in itertools.product(*self.grid.values())]
         combos: list[dict[str, Any]] = []
@@ -191,11 +197,7 @@ def _read_spec(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
         if name not in shipped:
             raise UserError(f"sweep {name!r}: no such file, and not a shipped sweep ({', '.join(shipped)})")
         path = shipped[name]
-    try:
-        doc = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise UserError(f"{path}: not valid YAML ({e})") from None
-    doc = _mapping(doc, str(path))
+    doc = _mapping(read_yaml(path, "a sweep spec"), str(path))
     unknown = sorted(set(doc) - set(SPEC_KEYS))
     if unknown:
         raise UserError(f"{path}: unknown keys {unknown}; a sweep spec has {', '.join(SPEC_KEYS)}")

@@ -33,6 +33,11 @@ def resolve_config_path(name_or_path: str) -> Path:
     )
 
 
+# far above any config or sweep spec, far below what exhausts memory or fills a terminal with one error line
+MAX_YAML_BYTES = 1 << 20
+MAX_YAML_VALUES = 10_000
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """yaml.safe_load's loader, except that a key given twice in one mapping is an error (PyYAML silently keeps the
     last); keys brought in by a merge (``<<: *defaults``) may still be overridden."""
@@ -63,14 +68,46 @@ def _yaml_problem(error: yaml.YAMLError) -> str:
     return " ".join(str(error).split())
 
 
-def read_config_file(path: Path) -> dict[str, Any]:
-    """The sections of a YAML config file as plain values (safe_load's semantics, duplicate keys refused)."""
+def _expanded_values(node: yaml.Node, limit: int) -> int:
+    """How many values a composed document holds with its aliases expanded (a few lines of aliases can stand for
+    billions: the "billion laughs"), counted up to limit + 1, which a node that contains itself also gets."""
+    sizes: dict[int, int] = {}
+
+    def size(n: yaml.Node) -> int:
+        if id(n) not in sizes:
+            sizes[id(n)] = limit + 1  # until counted: met again on the way, it contains itself
+            children = [c for pair in n.value for c in pair] if isinstance(n, yaml.MappingNode) else n.value
+            sizes[id(n)] = min(limit + 1, 1 + (sum(map(size, children)) if isinstance(n, yaml.CollectionNode) else 0))
+        return sizes[id(n)]
+
+    return size(node)
+
+
+def read_yaml(path: Path, what: str = "a YAML config") -> Any:
+    """A YAML file's document (safe_load's semantics, a key given twice in one mapping refused), bounded before it
+    is built: at most MAX_YAML_BYTES, and MAX_YAML_VALUES with its aliases expanded."""
+    if (size := path.stat().st_size) > MAX_YAML_BYTES:
+        raise UserError(f"{path}: {size:,} bytes; {what} is at most {MAX_YAML_BYTES:,} bytes")
     try:
-        doc = yaml.load(path.read_text(encoding="utf-8"), Loader=_UniqueKeyLoader)
+        loader = _UniqueKeyLoader(path.read_text(encoding="utf-8"))
+        node = loader.get_single_node()
+        if node is not None and _expanded_values(node, MAX_YAML_VALUES) > MAX_YAML_VALUES:
+            raise UserError(
+                f"{path}: its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values, or refer to themselves; "
+                f"{what} spells its values out"
+            )
+        return None if node is None else loader.construct_document(node)
     except yaml.YAMLError as e:
         raise UserError(f"{path}: not valid YAML: {_yaml_problem(e)}") from None
     except UnicodeDecodeError as e:
-        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); a YAML config must be saved as UTF-8") from None
+        raise UserError(f"{path}: not UTF-8 text (byte {e.start}); {what} must be saved as UTF-8") from None
+    except RecursionError:
+        raise UserError(f"{path}: nested too deeply to read") from None
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The sections of a YAML config file as plain values (read_yaml: safe_load's semantics, bounded)."""
+    doc = read_yaml(path)
     if doc is not None and not isinstance(doc, dict):
         raise UserError(f"{path}: expected a mapping of sections ({', '.join(SECTIONS)})")
     return doc or {}
