@@ -251,15 +251,13 @@ def remove_stale_temp_files(directory: str | Path) -> list[Path]:
 
 # ------------------------------------------------------------------------------------------------ lock
 class DirectoryLock:
-    """An exclusive lock on a directory for the life of one process: ``DirectoryLock(run_dir).acquire()``.
-
-    A POSIX record lock (``lockf``) on ``.lock`` inside it, which holds the owner's pid: the kernel drops it when
-    its process ends, however it ends, and forked DataLoader workers do not keep it alive. The flip side: closing
-    any descriptor of ``.lock`` drops the lock, so the owner must never open that file itself. A live owner makes
-    ``acquire`` fail at once with a UserError naming the pid. ``release`` unlinks the file while still holding
-    the lock, and ``acquire`` checks after locking that ``.lock`` is still the file it locked, so two processes
-    never both hold the directory. A symbolic or hard link planted at ``.lock`` is refused.
-    """
+    """An exclusive lock on a directory for the life of one process: ``DirectoryLock(run_dir).acquire()``. A POSIX
+    record lock (``lockf``) on ``.lock`` inside it, which holds the owner's pid: the kernel drops it when its process
+    ends, however it ends, and forked DataLoader workers do not keep it alive. The flip side: closing any descriptor of
+    ``.lock`` drops the lock, so the owner must never open that file itself. A live owner makes ``acquire`` fail at once
+    with a UserError naming the pid. ``release`` unlinks the file while still holding the lock, and ``acquire`` checks
+    after locking that ``.lock`` is still the file it locked, so two processes never both hold the directory. A
+    symbolic or hard link planted at ``.lock`` is refused."""
 
     NAME = ".lock"
     ATTEMPTS = 100  # of the open-lock-check cycle; each retry means another process released the file meanwhile

@@ -204,8 +204,7 @@ def _onednn_may_run(x: torch.Tensor, *operands: torch.Tensor | None) -> bool:
 
 
 def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls in training (the cases in the module's
-    docstring)."""
+    """Whether ``linear(x, weight, bias)`` runs vitkit's oneDNN matmuls in training (the module docstring's cases)."""
     if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
         return False
     # the size checks first: they turn away small models' layers for the least time a call
@@ -225,9 +224,8 @@ def uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def infers_onednn(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
-    """Whether ``linear(x, weight, bias)`` runs as one oneDNN matmul in inference (the module's docstring): on a
-    CPU, autograd not recording, fp32 or bf16 throughout, a contiguous weight, no autocast, both sides at least
-    MIN_SIDE."""
+    """Whether ``linear(x, weight, bias)`` runs as one oneDNN matmul in inference: on a CPU, autograd not recording,
+    fp32 or bf16 throughout, a contiguous weight, no autocast, both sides at least MIN_SIDE."""
     if torch.compiler.is_compiling():  # first: a traced graph keeps F.linear, and inductor picks its kernels
         return False
     if x.dim() < 2 or min(weight.shape) < MIN_SIDE:  # first: they turn away small models' layers soonest
@@ -294,9 +292,8 @@ class FusedMlp(Mlp):
 
 
 def swap_for_training(model: nn.Module) -> int:
-    """Make model's nn.Linear layers of sides >= MIN_SIDE OneDnnLinear and the MLPs whose second layer is one
-    FusedMlp, in place (the same modules and parameters, only their class changes); how many modules changed. No-op
-    without oneDNN."""
+    """Make model's nn.Linear layers of sides >= MIN_SIDE OneDnnLinear and the MLPs whose second layer is one FusedMlp,
+    in place (same modules and parameters, only their class changes); how many changed. No-op without oneDNN."""
     if not has_onednn():
         return 0
     swapped = 0

@@ -66,9 +66,8 @@ def applies(model: object) -> bool:
 
 def first_token_forward(model: VisionTransformer, always: bool = False) -> bool:
     """Patch model in place so that forward() runs its last block for the first token alone; whether it applied.
-
-    ``always``: the last block gives the first token alone in every call, forward_features' too, for a copy only
-    ever called through forward() (optimize_for_inference's): no state changes per call, which compiles simply."""
+    ``always``: the last block gives the first token alone in every call, forward_features' too, for a copy only ever
+    called through forward() (optimize_for_inference's): no state changes per call, which compiles simply."""
     if not applies(model):
         return False
     last = cast(FirstTokenBlock, model.blocks[-1])

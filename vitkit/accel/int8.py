@@ -23,9 +23,8 @@ from .cpu import _copy_sharing_packed, _plain_linear
 
 
 class Bf16Attention(Attention):
-    """Attention computed in bf16, written out whatever path the caller asks for: q, k, v and the logit bias cast to
-    bf16, the output (and the probabilities handed to ``attention``) cast back. Where bf16 matmuls are native this is
-    the fastest attention on a CPU."""
+    """Attention in bf16, written out whatever path is asked for: q, k, v and the logit bias cast to bf16, the output
+    (and the probabilities handed to ``attention``) cast back; where bf16 matmuls are native, the fastest on a CPU."""
 
     def attend(
         self, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None, explicit: bool, attention: Probs = None
@@ -45,13 +44,11 @@ _EPS = float(torch.finfo(torch.float32).tiny)
 
 
 class Int8Linear(nn.Module):
-    """An nn.Linear for inference in int8: ``y = (q(x) @ q(W)^T) * s_x * s_w + b``.
-
-    Weights symmetric int8 per output channel (``s_w = max|W_o,:| / 127``), activations per token at each call
-    (``s_x = max|x_t| / 127``), so a token's rounding follows its own range. oneDNN's int8 matmul on the weight
-    packed once sums exactly in int32, the activations shifted by 128 to the unsigned bytes its VNNI kernels take.
-    Plain tensor ops around that one call, so torch.compile fuses the quantisation and rescale into their neighbours.
-    """
+    """An nn.Linear for inference in int8: ``y = (q(x) @ q(W)^T) * s_x * s_w + b``. Weights symmetric int8 per output
+    channel (``s_w = max|W_o,:| / 127``), activations per token at each call (``s_x = max|x_t| / 127``), so a token's
+    rounding follows its own range. oneDNN's int8 matmul on the weight packed once sums exactly in int32, the
+    activations shifted by 128 to the unsigned bytes its VNNI kernels take. Plain tensor ops around that one call, so
+    torch.compile fuses the quantisation and rescale into their neighbours."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -125,8 +122,7 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
     ``kernel`` "onednn" (where the CPU has VNNI): every nn.Linear becomes an Int8Linear, and where bf16 matmuls are
     native the attention computes in bf16 (Bf16Attention). "fbgemm" (elsewhere): torch's dynamic quantisation, 7-bit
     activations from the whole input's range, run eagerly (torch.compile cannot trace it). A Linear layer with hooks
-    of its own stays in fp32 (its replacement would not run them); other layers keep copies of their fp32 weights.
-    """
+    of its own stays in fp32 (its replacement would not run them); other layers keep copies of their fp32 weights."""
     kernel = int8_kernel(kernel)
     if any(p.dtype != torch.float32 for p in model.parameters()):
         raise UserError("int8: quantise an fp32 model (this one has other parameter dtypes)")
@@ -144,9 +140,8 @@ def quantize_int8(model: nn.Module, kernel: str = "auto") -> nn.Module:
         return frozen
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
 
-    # torch.ao.quantization.quantize_dynamic is deprecated in favour of torchao, a separate package; within torch
-    # itself it is still the only public route to fbgemm's dynamic int8 linear kernels. Its deprecation warnings
-    # are silenced for this call only.
+    # torch.ao.quantization.quantize_dynamic is deprecated in favour of torchao, a separate package, yet in torch it is
+    # still the only public route to fbgemm's dynamic int8 linear kernels: its deprecation warnings are silenced here.
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*(torch\.ao\.quantization|quantized tensor).*deprecated")
         warnings.filterwarnings("ignore", message=r"torch\.quantize_per_\w+.* are deprecated", category=UserWarning)

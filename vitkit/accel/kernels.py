@@ -78,13 +78,11 @@ def _backward_and_output(grad: torch.Tensor, x: torch.Tensor) -> tuple[torch.Ten
 
 
 def _compile(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """fn compiled for flat tensors of any length, its loop split over the threads torch runs at call time.
-
-    Inductor decides from the first call's sizes whether to split a loop, and its disk cache serves that decision
-    to later processes: ``cpp.dynamic_threads`` always splits, reading the thread count at run time, and keys a
-    cache entry of its own. ``cpp.simdlen`` keys the entries on the vector width, which the cache otherwise ignores:
-    AVX512 kernels served to a process run with ``ATEN_CPU_CAPABILITY=avx2`` gave NaN.
-    """
+    """fn compiled for flat tensors of any length, its loop split over the threads torch runs at call time. Inductor
+    decides from the first call's sizes whether to split a loop, and its disk cache serves that decision to later
+    processes: ``cpp.dynamic_threads`` always splits, reading the thread count at run time, and keys a cache entry of
+    its own. ``cpp.simdlen`` keys the entries on the vector width, which the cache otherwise ignores: AVX512 kernels
+    served to a process run with ``ATEN_CPU_CAPABILITY=avx2`` gave NaN."""
     from torch._inductor.cpu_vec_isa import pick_vec_isa  # imported here: torch._inductor is slow to import
 
     options: dict[str, Any] = {"cpp.dynamic_threads": True}

@@ -1,13 +1,12 @@
 """Token merging (ToMe: Bolya et al. 2023, "Token Merging: Your ViT But Faster"): a trade of accuracy for speed.
 
-In each block, between attention and the MLP, the r most similar pairs of tokens are merged into one, so every
-later layer runs on fewer tokens. Similarity is the cosine of the tokens' keys (averaged over heads), which the
-attention computed anyway. Matching is bipartite: tokens at even positions (set A) each pick their most similar
-token at an odd position (set B); the r A tokens with the most similar picks are averaged into them, weighted by
-how many patches each token already stands for (its size). Attention then weights each key by its size
-(proportional attention: log size is added to the logits), so a token that stands for s identical tokens draws
-the attention those s tokens would. Merging two identical tokens therefore changes nothing downstream: the test
-that pins the bookkeeping.
+In each block, between attention and the MLP, the r most similar pairs of tokens are merged into one, so every later
+layer runs on fewer tokens. Similarity is the cosine of the tokens' keys (averaged over heads), which the attention
+computed anyway. Matching is bipartite: tokens at even positions (set A) each pick their most similar token at an odd
+position (set B); the r A tokens with the most similar picks are averaged into them, weighted by how many patches each
+token already stands for (its size). Attention then weights each key by its size (proportional attention: log size is
+added to the logits), so a token that stands for s identical tokens draws the attention those s tokens would. Merging
+two identical tokens therefore changes nothing downstream: the test that pins the bookkeeping.
 
 Protected tokens (the class token, which the head reads) are never merged away and nothing is merged into them.
 ``apply_token_merging(model, r)`` patches a built model as ToMe patches timm's: its class, its blocks' and their
@@ -34,13 +33,11 @@ def merged_away(tokens: int, r: int, protected: int = 1) -> int:
 def merge_tokens(
     x: torch.Tensor, sizes: torch.Tensor | None, keys: torch.Tensor, r: int, protected: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Merge r pairs of tokens: (B, N, D) -> (B, N - r, D), with the merged tokens' sizes (B, N - r, 1).
-
-    ``sizes``: how many input patches each token stands for (None: one each). ``keys``: (B, N, d) the tokens'
-    keys averaged over heads, the similarity metric. ``protected``: the first tokens, never merged (the class
-    token, which stays first). The result is the unmerged A tokens in their order, then the B tokens, so token
-    order is not the image's. r is capped at half the unprotected tokens; with r <= 0 nothing changes.
-    """
+    """Merge r pairs of tokens: (B, N, D) -> (B, N - r, D), with the merged tokens' sizes (B, N - r, 1). ``sizes``: how
+    many input patches each token stands for (None: one each). ``keys``: (B, N, d) the tokens' keys averaged over heads,
+    the similarity metric. ``protected``: the first tokens, never merged (the class token, which stays first). The
+    result is the unmerged A tokens in their order, then the B tokens, so token order is not the image's. r is capped at
+    half the unprotected tokens; with r <= 0 nothing changes."""
     B, N, D = x.shape
     r = merged_away(N, r, protected)
     if not r:
@@ -48,8 +45,7 @@ def merge_tokens(
     with torch.no_grad():  # the matching is discrete: gradients flow through the averages below, not through it
         metric = F.normalize(keys, dim=-1)
         scores = metric[:, ::2] @ metric[:, 1::2].transpose(1, 2)  # (B, |A|, |B|) cosine similarities
-        # token i is A[i // 2] if i is even, else B[i // 2]: protected A tokens pick nothing, protected B tokens are
-        # picked by none
+        # token i is A[i // 2] for even i, else B[i // 2]: protected A tokens pick none, protected B ones are not picked
         scores[:, : (protected + 1) // 2] = -torch.inf
         scores[:, :, : protected // 2] = -torch.inf
         best, best_b = scores.max(dim=-1)  # (B, |A|): each A token's most similar B token

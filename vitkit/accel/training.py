@@ -48,8 +48,7 @@ def _padded(n: int) -> int:
 
 
 def _numbered(groups: list[dict[str, Any]], sizes: list[int]) -> list[dict[str, Any]]:
-    """State-dict param groups holding ``sizes`` parameters each, numbered on from group to group as
-    Optimizer.state_dict numbers them."""
+    """State-dict param groups of ``sizes`` parameters each, numbered across groups as Optimizer.state_dict does."""
     starts = itertools.accumulate(sizes, initial=0)
     return [{**g, "params": list(range(start, start + n))} for g, n, start in zip(groups, sizes, starts, strict=False)]
 
@@ -145,9 +144,8 @@ class ContiguousParams:
         return {"state": state, "param_groups": _numbered(sd["param_groups"], [len(g) for g in self.groups])}
 
     def _contiguous(self, opt: torch.optim.Optimizer, sd: dict[str, Any]) -> dict[str, Any]:
-        """A per-parameter state dict in the optimizer's layout (buffers), for load_state_dict. A parameter of a
-        buffer without saved state (one the loss never reached, in an optimizer without this layout) starts from
-        zero moments."""
+        """A per-parameter state dict in the optimizer's layout (buffers), for load_state_dict. A buffer's parameter
+        without saved state (the loss never reached it, in an optimizer without this layout) starts at zero moments."""
         saved = sd["param_groups"]
         if [len(g["params"]) for g in saved] != [len(g) for g in self.groups]:
             raise ValueError(
@@ -209,8 +207,7 @@ def tune_cpu_allocator() -> bool:
     Above a threshold glibc maps each allocation afresh and unmaps it when freed, so each large activation is
     page-faulted and zero-filled on every step (benchmarks/main_job_step.py --allocator default). Raised thresholds
     keep freed memory for the next step, as jemalloc or tcmalloc would; the resident set stays near its peak.
-    Idempotent; a no-op (False) outside Linux/glibc.
-    """
+    Idempotent; a no-op (False) outside Linux/glibc."""
     global _allocator_tuned
     if _allocator_tuned:
         return True

@@ -1,7 +1,6 @@
-"""Reading and writing checkpoints: official .npz, Big Transfer .npz, Hugging Face, timm and vitkit's own format.
-
-One module per format (``detect``, ``read`` into a base.Checkpoint, a writer where vitkit exports it); loader.py
-reads any of them, loads strictly with a report and converts. The public names are in vitkit.hub.
+"""Reading and writing checkpoints: official .npz, Big Transfer .npz, Hugging Face, timm and vitkit's own format. One
+module per format (``detect``, ``read`` into a base.Checkpoint, a writer where vitkit exports it); loader.py reads any
+of them, loads strictly with a report and converts. The public names are in vitkit.hub.
 """
 
 from .base import Checkpoint, read_npz

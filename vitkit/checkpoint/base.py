@@ -1,8 +1,6 @@
-"""What every checkpoint format shares: the ``Checkpoint`` a reader returns, .npz arrays read without pickle,
-and the "config.json + weights" directory layout that vitkit's own, Hugging Face and timm hub files all use.
-
-A format is one module with ``FORMAT``, ``detect(path) -> bool`` (no weights read) and ``read(path, overrides,
-tower) -> Checkpoint``.
+"""What every checkpoint format shares: the ``Checkpoint`` a reader returns, .npz arrays read without pickle, and the
+"config.json + weights" directory layout that vitkit's own, Hugging Face and timm hub files all use. A format is one
+module with ``FORMAT``, ``detect(path) -> bool`` (no weights read) and ``read(path, overrides, tower) -> Checkpoint``.
 """
 
 from __future__ import annotations

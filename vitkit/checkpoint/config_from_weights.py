@@ -1,8 +1,7 @@
-"""The model configuration a ViT state dict implies, read from vitkit-named keys and shapes alone.
-
-For every reader whose file carries no config (official .npz and timm state dicts, renamed to vitkit's keys).
-The head count and the GELU are the reader's to supply where its format says them; what none says is guessed
-here, each guess returned as one line naming the value, its reason and the override, so that loading says so.
+"""The model configuration a ViT state dict implies, read from vitkit-named keys and shapes alone. For every reader
+whose file carries no config (official .npz and timm state dicts, renamed to vitkit's keys). The head count and the GELU
+are the reader's to supply where its format says them; what none says is guessed here, each guess returned as one line
+naming the value, its reason and the override, so that loading says so.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Hugging Face transformers ViT <-> vitkit.
 
-HF keeps q, k and v as three Linear layers (vitkit fuses them into one qkv); everything else is a renaming.
-ViTModel's optional pooler (Dense + tanh on the class token) is vitkit's pre-logits; HF has no GAP ViT and no
-hybrid stem. HF's defaults are exact GELU and LayerNorm eps 1e-12; official weights need hidden_act=
-"gelu_pytorch_tanh" and layer_norm_eps=1e-6.
+HF keeps q, k and v as three Linear layers (vitkit fuses them into one qkv); the rest is a renaming. ViTModel's optional
+pooler (Dense + tanh on the class token) is vitkit's pre-logits; HF has no GAP ViT and no hybrid stem. HF's defaults are
+exact GELU and LayerNorm eps 1e-12; official weights need hidden_act="gelu_pytorch_tanh" and layer_norm_eps=1e-6.
 """
 
 from __future__ import annotations

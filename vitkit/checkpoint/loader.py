@@ -160,13 +160,11 @@ def read_into(
     format: str | None = None,
     drop: tuple[str, ...] | list[str] = (),
 ) -> LoadReport:
-    """Load a checkpoint of any supported format into a model built for it, adapting what the paper adapts.
-
-    Position embeddings are resampled to the model's grid; pre-logits the model lacks are dropped and the head
-    left fresh, as is a head for another class count. Any other difference is a UserError listing it
-    (``strict=False``: the report with ``ok`` False). Keys under a ``drop`` prefix, or one the file's metadata
-    lists under "drop_on_load", are left out and reported as ``dropped``.
-    """
+    """Load a checkpoint of any supported format into a model built for it, adapting what the paper adapts. Position
+    embeddings are resampled to the model's grid; pre-logits the model lacks are dropped and the head left fresh, as is
+    a head for another class count. Any other difference is a UserError listing it (``strict=False``: the report with
+    ``ok`` False). Keys under a ``drop`` prefix, or one the file's metadata lists under "drop_on_load", are left out and
+    reported as ``dropped``."""
     if isinstance(path, Checkpoint):
         ckpt = path
     else:  # what a file may not say (a sincos table's grid, pool '0') is the model's: it was built for the file
@@ -231,11 +229,9 @@ def read_model(
     **overrides: Any,
 ) -> tuple[nn.Module, LoadReport]:
     """Build a model from a checkpoint file alone and load it strictly (see read_into); returns it and the report.
-
-    ``read_model("ViT-B_16.npz", img_size=384, num_classes=10)`` gives a 384-px model with resampled position
-    embeddings and a fresh zero head; overrides also say what the file does not (see read_checkpoint). What
-    neither says (a bare timm state dict's num_heads and gelu) is guessed, named by one UserWarning and the report.
-    """
+    ``read_model("ViT-B_16.npz", img_size=384, num_classes=10)`` gives a 384-px model with resampled position embeddings
+    and a fresh zero head; overrides also say what the file does not (see read_checkpoint). What neither says (a bare
+    timm state dict's num_heads and gelu) is guessed, named by one UserWarning and the report."""
     ckpt = path if isinstance(path, Checkpoint) else read_checkpoint(path, format, tower=tower, overrides=overrides)
     arch = ckpt.config.get("arch", "vit")
     known = {f.name for f in fields(config_class(arch)) if f.init}
@@ -274,12 +270,10 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
 def convert(
     src: str | Path | Checkpoint, dst: str | Path, to: str = "vitkit", force: bool = False, **overrides: Any
 ) -> Path:
-    """Convert a checkpoint of any readable format to another; returns what was written.
-
-    vitkit and hf write a directory; timm a .safetensors file (dst, or dst/model.safetensors) with its hub
-    config.json; official an .npz (dst, or dst/model.npz). Overrides change the model first (img_size=384,
-    num_heads=3 for bare timm files). Existing outputs are replaced only with ``force``.
-    """
+    """Convert a checkpoint of any readable format to another; returns what was written. vitkit and hf write a
+    directory; timm a .safetensors file (dst, or dst/model.safetensors) with its hub config.json; official an .npz
+    (dst, or dst/model.npz). Overrides change the model first (img_size=384, num_heads=3 for bare timm files). Existing
+    outputs are replaced only with ``force``."""
     if to not in TARGETS:
         raise UserError(f"to={to!r}: expected one of {TARGETS}")
     dst = Path(dst)

@@ -1,8 +1,7 @@
 """vitkit's own format: a directory with model.safetensors (weights) and config.json (how to rebuild the model).
-
-config.json holds {"format": "vitkit", "model": <config fields incl. "arch">, "metadata": {...}}; metadata is
-free-form plain JSON. Tensors that are not the model's (``extra``: a pretraining head) sit beside its weights
-under a prefix metadata["drop_on_load"] lists, which every loader drops. Both files are written atomically.
+config.json holds {"format": "vitkit", "model": <config fields incl. "arch">, "metadata": {...}}; metadata is free-form
+plain JSON. Tensors that are not the model's (``extra``: a pretraining head) sit beside its weights under a prefix
+metadata["drop_on_load"] lists, which every loader drops. Both files are written atomically.
 """
 
 from __future__ import annotations

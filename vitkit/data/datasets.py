@@ -1,8 +1,7 @@
-"""Dataset classes: images held as tensors in memory, decoded arrays, or files in a class-per-folder tree. Every
-item is ``(float tensor (C, H, W), int label)``, its augmentation drawn from torch's global RNG.
-
-Corrupt files in an image folder are found when an item is loaded (``verify()`` scans them all on demand); with
-``skip_corrupt`` an unreadable file is replaced by the next readable one, counted and warned about once.
+"""Dataset classes: images held as tensors in memory, decoded arrays, or files in a class-per-folder tree. Every item is
+``(float tensor (C, H, W), int label)``, its augmentation drawn from torch's global RNG. Corrupt files in an image
+folder are found when an item is loaded (``verify()`` scans them all on demand); with ``skip_corrupt`` an unreadable
+file is replaced by the next readable one, counted and warned about once.
 """
 
 from __future__ import annotations
@@ -35,16 +34,13 @@ class ImageReadError(UserError):
 
 
 class TensorImageDataset(Dataset):
-    """Preprocessed images kept in memory as one tensor, with vectorised batch augmentation.
-
-    ``images`` (N, C, H, W) float, already normalised; ``labels`` (N,) int64. A training loop can skip the
-    DataLoader entirely::
+    """Preprocessed images kept in memory as one tensor, with vectorised batch augmentation: ``images`` (N, C, H, W)
+    float, already normalised; ``labels`` (N,) int64. A training loop can skip the DataLoader entirely::
 
         idx = torch.randperm(len(ds))[:batch_size]
         x, y = ds.augment_batch(ds.images[idx]), ds.labels[idx]
 
-    ``__getitem__`` returns the same kind of item one at a time (augmented as a batch of one).
-    """
+    ``__getitem__`` returns the same kind of item one at a time (augmented as a batch of one)."""
 
     def __init__(
         self,

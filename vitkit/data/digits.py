@@ -1,9 +1,8 @@
-"""The embedded dataset: scikit-learn's handwritten digits (8x8 images, values 0..16, 10 classes).
-
-The arrays ship as package data in ``digits.npz`` (licence: digits_LICENSE.txt), so training needs neither
-scikit-learn nor a download; its ``test_mask`` is the fixed 20% held-out split, stored so that it stays the same
-whatever the torch version. Augmentation is random shifts, no flip (a mirrored digit is a different symbol).
-Regenerate the file with ``write_digits_npz()`` (needs scikit-learn, a development dependency).
+"""The embedded dataset: scikit-learn's handwritten digits (8x8 images, values 0..16, 10 classes). The arrays ship as
+package data in ``digits.npz`` (licence: digits_LICENSE.txt), so training needs neither scikit-learn nor a download; its
+``test_mask`` is the fixed 20% held-out split, stored so that it stays the same whatever the torch version. Augmentation
+is random shifts, no flip (a mirrored digit is a different symbol). Regenerate the file with ``write_digits_npz()``
+(needs scikit-learn, a development dependency).
 """
 
 from __future__ import annotations

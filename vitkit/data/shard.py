@@ -1,8 +1,7 @@
-"""``vitkit shard SOURCE OUT_DIR``: any source vitkit reads, written as WebDataset shards with a manifest.
-
-Each sample is the stored image (its own JPEG / PNG / WebP bytes, decoded arrays as PNG) and ``KEY.cls`` (the
-class index as text), in ``train-000000.tar``, ... and ``val-000000.tar``, ...; ``manifest.json`` records every
-shard's sample count, the class names and the source's preprocessing (as ``data.key=value`` overrides).
+"""``vitkit shard SOURCE OUT_DIR``: any source vitkit reads, written as WebDataset shards with a manifest. Each sample
+is the stored image (its own JPEG / PNG / WebP bytes, decoded arrays as PNG) and ``KEY.cls`` (the class index as text),
+in ``train-000000.tar``, ... and ``val-000000.tar``, ...; ``manifest.json`` records every shard's sample count, the
+class names and the source's preprocessing (as ``data.key=value`` overrides).
 """
 
 from __future__ import annotations

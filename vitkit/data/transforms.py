@@ -251,11 +251,9 @@ def sample_crop_boxes(
     ratio_range: tuple[float, float] = ASPECT_RATIO_RANGE,
     attempts: int = CROP_ATTEMPTS,
 ) -> torch.Tensor:
-    """Inception-crop boxes (n, 4) as float (top, left, h, w) in pixels, drawn from torch's global RNG.
-
-    Each covers a uniform fraction in [area_min, 1] of the image with a log-uniform aspect ratio; a draw that does
-    not fit is retried up to ``attempts`` times, then the box is the whole image (as tf's sampler does).
-    """
+    """Inception-crop boxes (n, 4) as float (top, left, h, w) in pixels, drawn from torch's global RNG. Each covers a
+    uniform fraction in [area_min, 1] of the image with a log-uniform aspect ratio; a draw that does not fit is retried
+    up to ``attempts`` times, then the box is the whole image (as tf's sampler does)."""
     area = height * width * torch.empty(n, attempts).uniform_(area_min, 1.0)  # (n, attempts)
     log_lo, log_hi = math.log(ratio_range[0]), math.log(ratio_range[1])
     ratio = torch.exp(torch.empty(n, attempts).uniform_(log_lo, log_hi))
@@ -279,10 +277,8 @@ def augment_images(
     crop_area_min: float = 0.05,
     fill: float | Sequence[float] = 0.0,
 ) -> torch.Tensor:
-    """Augment a batch (N, C, H, W) -> (N, C, H, W) in one vectorised resampling, from torch's global RNG.
-
-    ``augment`` as in ``train_transform``; ``fill`` for borders a shift exposes. A fixed number of draws per N.
-    """
+    """Augment a batch (N, C, H, W) -> (N, C, H, W) in one vectorised resampling, from torch's global RNG. ``augment``
+    as in ``train_transform``; ``fill`` for borders a shift exposes. A fixed number of draws per N."""
     check_augment(augment, crop_area_min, shift_pixels)
     n, _, height, width = images.shape
     moves = augment == "inception_crop" or (augment == "shift" and shift_pixels > 0)

@@ -1,13 +1,12 @@
 """WebDataset shards through the ``webdataset`` library: ``--data wds:WHERE`` (data.source=wds, data.root=WHERE).
 
 WHERE is a directory written by ``vitkit shard`` (its manifest.json counts the samples), or a shard pattern
-(``train-{000000..000127}.tar``, counted at start-up) of ``KEY.png|jpg|jpeg|webp`` and ``KEY.cls`` samples.
-
-Epoch e reads the shards in a permutation drawn from (seed, e); its first ``steps_per_epoch * batch_size``
-samples are cut into one block per rank, shuffled in a buffer seeded by (seed, e, rank), and the micro-batches
-dealt to the workers in turn: every sample is seen once an epoch, whatever the number of workers. The order is a
-function of (seed, epoch, world size), so a resumed run replays its epoch's stream up to its step without
-decoding it, and continues exactly where it was (with the same world size).
+(``train-{000000..000127}.tar``, counted at start-up) of ``KEY.png|jpg|jpeg|webp`` and ``KEY.cls`` samples. Epoch e
+reads the shards in a permutation drawn from (seed, e); its first ``steps_per_epoch * batch_size`` samples are cut into
+one block per rank, shuffled in a buffer seeded by (seed, e, rank), and the micro-batches dealt to the workers in turn:
+every sample is seen once an epoch, whatever the number of workers. The order is a function of
+(seed, epoch, world size), so a resumed run replays its epoch's stream up to its step without decoding it, and
+continues exactly where it was (with the same world size).
 """
 
 from __future__ import annotations

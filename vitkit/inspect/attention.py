@@ -78,12 +78,10 @@ def query_attention(record: AttentionRecord) -> torch.Tensor:
 
 
 def attention_rollout(attention: Attention, residual: bool = True) -> torch.Tensor:
-    """Attention rollout (Abnar & Zuidema 2020): how much each output token draws on each input token.
-
-    attention (L, B, nh, N, N) -> (B, N, N). Per layer: average the heads, add the identity for the
-    residual connection, renormalise each row to sum to 1; then multiply the layers, last layer leftmost
-    (R = A_L ... A_2 A_1), so R[b, i, j] is output token i's share of input token j. Rows of R sum to 1.
-    """
+    """Attention rollout (Abnar & Zuidema 2020): how much each output token draws on each input token; ``attention``
+    (L, B, nh, N, N) -> (B, N, N). Per layer: average the heads, add the identity for the residual connection,
+    renormalise each row to sum to 1; then multiply the layers, last layer leftmost (R = A_L ... A_2 A_1), so R[b, i, j]
+    is output token i's share of input token j. Rows of R sum to 1."""
     attn = _stack(attention)
     eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
     joint: torch.Tensor | None = None
@@ -131,12 +129,9 @@ def token_distances(grid: tuple[int, int], stride: tuple[int, int]) -> torch.Ten
 def mean_attention_distance(
     attention: Attention, grid: tuple[int, int], stride: tuple[int, int], num_prefix_tokens: int = 0
 ) -> torch.Tensor:
-    """Mean attention distance in input pixels per layer and head, averaged over images and queries: (L, nh).
-
-    For each patch query, the distance to each patch key weighted by its attention (a CNN's receptive field size,
-    paper Fig 7 right). The class token has no position: its row is left out and each patch query's weights are
-    renormalised over the patch keys.
-    """
+    """Mean attention distance in input pixels per layer and head, averaged over images and queries: (L, nh). Per patch
+    query, the distance to each patch key weighted by its attention (a CNN's receptive field size, paper Fig 7 right).
+    The class token has no position: its row is left out, patch queries' weights renormalised over patch keys."""
     attn = _stack(attention)
     n = grid[0] * grid[1]
     if attn.shape[-1] != num_prefix_tokens + n:

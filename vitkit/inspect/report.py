@@ -172,8 +172,7 @@ def write_inspection(
 ) -> dict[str, Any]:
     """Write the inspection figures of a ViT into out_dir, plus index.md / index.json; returns the index, with
     ``removed``: the earlier inspection's figures it does not list (deleted). The attention distance is averaged
-    over ``distance_inputs`` (B, C, H, W) when given, else ``images``. An earlier inspection needs ``force``.
-    """
+    over ``distance_inputs`` (B, C, H, W) when given, else ``images``. An earlier inspection needs ``force``."""
     if not isinstance(model, VisionTransformer):
         raise UserError(f"inspect: needs a VisionTransformer, got {type(model).__name__} (no attention to show)")
     check_output_dir(out_dir, force)
@@ -210,12 +209,10 @@ def inspect_checkpoint(
     force: bool = False,
     **model_overrides: Any,
 ) -> dict[str, Any]:
-    """``vitkit inspect``: write_inspection for a checkpoint (any format, ``model_overrides`` changing its config).
-
-    The images explained are ``files``, else ``num_images`` held-out images of the checkpoint's data
+    """``vitkit inspect``: write_inspection for a checkpoint (any format, ``model_overrides`` changing its config). The
+    images explained are ``files``, else ``num_images`` held-out images of the checkpoint's data
     (run_eval.checkpoint_data), ``distance_images`` of them for the attention distance. Returns the index, with
-    ``unread`` (files that could not be read) and ``without_images`` (why no image was explained, or None).
-    """
+    ``unread`` (files that could not be read) and ``without_images`` (why no image was explained, or None)."""
     from ..data import build_datasets
     from ..predict import load_for_inference, read_labels
     from ..train.run_eval import NO_DATA, checkpoint_data, records_data

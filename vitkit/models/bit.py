@@ -105,8 +105,7 @@ class BiTConfig:
     """A BiT ResNet-v2: units per stage, the width factor (x1 .. x4), classes, input channels, default image size.
 
     Stage i has a bottleneck width of 64 * width_factor * 2**i and outputs 4x that; every stage after the first
-    halves the resolution. A value, like ViTConfig: checked where it is built, changed with ``dataclasses.replace``.
-    """
+    halves the resolution. A value, like ViTConfig: checked where it is built, changed with ``dataclasses.replace``."""
 
     layers: tuple[int, ...] = (3, 4, 6, 3)
     width_factor: float = 1

@@ -1,12 +1,11 @@
 """Model FLOPs, counted analytically from the config: the numerator of utilisation.
 
 Matmuls and convolutions only, 2 FLOPs per multiply-add; norms, softmax and GELU are left out, as
-torch.utils.flop_counter.FlopCounterMode does (tests check the two agree). A training step counts 3x the forward.
-By default the count is the model's as built, every token through every block. Two arguments count what a
-patched model executes instead: ``first_token``, the last block computing the class token alone (what
-vitkit.accel.first_token swaps in under optimize_for_inference and optimize_for_training), and
-``token_merge``, r pairs of tokens merged in every block (vitkit.accel.tome; a patched model says its r in
-``model.token_merge``).
+torch.utils.flop_counter.FlopCounterMode does (tests check the two agree). A training step counts 3x the forward. By
+default the count is the model's as built, every token through every block. Two arguments count what a patched model
+executes instead: ``first_token``, the last block computing the class token alone (what vitkit.accel.first_token swaps
+in under optimize_for_inference and optimize_for_training), and ``token_merge``, r pairs of tokens merged in every block
+(vitkit.accel.tome; a patched model says its r in ``model.token_merge``).
 """
 
 from __future__ import annotations
@@ -31,15 +30,12 @@ def vit_flops(
     first_token: bool = False,
     token_merge: int = 0,
 ) -> dict[str, int]:
-    """Forward FLOPs per image of a ViT, by part, from its config alone (2 FLOPs per multiply-add).
-
-    Keys: stem (hybrid ResNet), patch_embed, qkv, attention (q k^T and probs @ v), relative (relative position
-    attention: each patch query against every offset's embedding), proj, mlp, merge (token merging's key
-    similarities), pre_logits, head, total. ViT-B/16 at 224 as built: 35.1 GFLOP. ``first_token``: the last block
-    of a class-token model computes the class token alone (its keys and values still of every token), as
-    vitkit.accel.first_token runs it (32.7 GFLOP); ``token_merge``: r pairs merged after each block's attention,
-    so each later layer runs on fewer tokens (vitkit.accel.tome).
-    """
+    """Forward FLOPs per image of a ViT, by part, from its config alone (2 FLOPs per multiply-add). Keys: stem (hybrid
+    ResNet), patch_embed, qkv, attention (q k^T and probs @ v), relative (relative position attention: each patch query
+    against every offset's embedding), proj, mlp, merge (token merging's key similarities), pre_logits, head, total.
+    ViT-B/16 at 224 as built: 35.1 GFLOP. ``first_token``: a class-token model's last block computes the class token
+    alone (its keys and values still of every token), as vitkit.accel.first_token runs it (32.7 GFLOP); ``token_merge``:
+    r pairs merged after each block's attention, so later layers run on fewer tokens (vitkit.accel.tome)."""
     size = as_pair("vit_flops", "img_size", img_size if img_size is not None else config.img_size)
     gh, gw = config.grid(size)
     n = gh * gw
@@ -75,8 +71,7 @@ def vit_flops(
 
 
 def _stem_flops(config: ViTConfig, size: tuple[int, int]) -> tuple[int, int]:
-    """(FLOPs of a hybrid's ResNet stem per image, the channels it hands the patch embedding); (0, in_chans) for a
-    plain ViT."""
+    """(a hybrid's ResNet stem FLOPs per image, the channels it gives the patch embedding); (0, in_chans) if none."""
     if config.resnet_layers is None:
         return 0, config.in_chans
     with torch.device("meta"):

@@ -21,11 +21,9 @@ FIRST_TOKEN = ("token", "first")  # the poolings that read the first token alone
 
 class MAPHead(nn.Module):
     """Multi-head attention pooling, as big_vision's MAPHead: a learned probe token attends to the encoded tokens
-    (B, N, D), then x + MLP(LN(x)); the probe's output (B, D) is the pooled representation.
-
-    q, k, v and out have biases; the head count, LayerNorm and ``mlp`` (the encoder's, without dropout, built by the
-    caller) are the model's. Parameter names follow timm's AttentionPoolLatent, so its state dicts map one to one.
-    """
+    (B, N, D), then x + MLP(LN(x)); the probe's output (B, D) is the pooled representation. q, k, v and out have biases;
+    the head count, LayerNorm and ``mlp`` (the encoder's, without dropout, built by the caller) are the model's.
+    Parameter names follow timm's AttentionPoolLatent, so its state dicts map one to one."""
 
     def __init__(self, dim: int, num_heads: int, mlp: nn.Module, *, ln_eps: float = 1e-6) -> None:
         super().__init__()

@@ -75,8 +75,7 @@ def resample_pos_embed(
     bilinearly with align_corners=True (what ``scipy.ndimage.zoom(order=1)`` computes) and the rows are
     put back in raster order. ``mode="bicubic"`` uses align_corners=False unless told otherwise.
     The old grid may be non-square; when not given it is taken as the square root of the row count.
-    A stack of tables, one per layer (L, prefix + gh * gw, D), is resampled table by table.
-    """
+    A stack of tables, one per layer (L, prefix + gh * gw, D), is resampled table by table."""
     if posemb.ndim != 3:
         raise UserError(f"position embedding must have shape (1, N, D) or (layers, N, D), got {tuple(posemb.shape)}")
     new_grid = to_2tuple(new_grid)
@@ -140,14 +139,12 @@ def relative_index(grid: Grid, dims: int, device: torch.device | str | None = No
 def resample_relative(
     table: torch.Tensor, shape: tuple[int, ...], old_grid: Grid | None = None, new_grid: Grid | None = None
 ) -> torch.Tensor:
-    """Resize a relative-position table (*offsets, D) to new offset axes ``shape`` (see relative_table_shape).
-
-    The offset range stretches with the grid, as resample_pos_embed stretches an absolute table: each (row, column)
-    offset axis is interpolated linearly with align_corners=True, offset 0 kept at 0 (also where an axis shrinks to
-    one offset); the table itself is returned where it fits. A 1-D table's raster offsets depend on the grid's width
+    """Resize a relative-position table (*offsets, D) to new offset axes ``shape`` (see relative_table_shape). The
+    offset range stretches with the grid, as resample_pos_embed stretches an absolute table: each (row, column) offset
+    axis is interpolated linearly with align_corners=True, offset 0 kept at 0 (also where an axis shrinks to one
+    offset); the table itself is returned where it fits. A 1-D table's raster offsets depend on the grid's width
     (one row down is +gw), so it is resampled through (row, column) offsets (resample_relative_1d), which needs
-    ``old_grid`` and ``new_grid`` (default: the square grids the lengths imply).
-    """
+    ``old_grid`` and ``new_grid`` (default: the square grids the lengths imply)."""
     if table.ndim - 1 != len(shape):
         raise UserError(f"relative table {tuple(table.shape)} has {table.ndim - 1} offset axes, not {len(shape)}")
     if len(shape) == 1:
@@ -160,14 +157,12 @@ def resample_relative(
 
 
 def resample_relative_1d(table: torch.Tensor, old_grid: Grid, new_grid: Grid) -> torch.Tensor:
-    """Resize a 1-D (raster-order) relative table (2 N - 1, D) of an old grid to a new grid's (2 N' - 1, D).
-
-    The old table is read as the (2 gh - 1, 2 gw - 1, D) table of (row, column) offsets it gives each patch pair
-    (offset dy * gw + dx), stretched as a 2-D table is, and folded back to raster order. A raster offset of the
-    new grid can stand for two (row, column) offsets (in a 4-wide grid +3 is (0, 3) and (1, -1)); it gets the
-    mean of their values weighted by how many patch pairs have each, which is the single value closest (least
-    squares over all query-key pairs) to what the stretched 2-D table gives them.
-    """
+    """Resize a 1-D (raster-order) relative table (2 N - 1, D) of an old grid to a new grid's (2 N' - 1, D). The old
+    table is read as the (2 gh - 1, 2 gw - 1, D) table of (row, column) offsets it gives each patch pair
+    (offset dy * gw + dx), stretched as a 2-D table is, and folded back to raster order. A raster offset of the new grid
+    can stand for two (row, column) offsets (in a 4-wide grid +3 is (0, 3) and (1, -1)); it gets the mean of their
+    values weighted by how many patch pairs have each, which is the single value closest (least squares over all
+    query-key pairs) to what the stretched 2-D table gives them."""
     gh, gw = old_grid
     if table.ndim != 2 or table.shape[0] != 2 * gh * gw - 1:
         raise UserError(f"relative table {tuple(table.shape)} is not the 1-D table of a {gh}x{gw} grid")

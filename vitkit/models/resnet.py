@@ -1,10 +1,9 @@
 """BiT ResNet: the hybrid ViT's convolutional stem and the paper's ResNet baseline.
 
-Numerics follow the official vit_jax ResNet: weight-standardised convolutions ((w - mean) / (std + 1e-5) per
-output channel), GroupNorm with 32 groups and eps 1e-6, TensorFlow 'SAME' padding (asymmetric for strided
-layers), post-activation bottleneck units with the stride on the 3x3 conv and relu(residual + y).
-Module names follow timm's ResNetV2 (stem.conv, stages.0.blocks.0.conv1, ...), so hybrid state dicts map
-one to one.
+Numerics follow the official vit_jax ResNet: weight-standardised convolutions ((w - mean) / (std + 1e-5) per output
+channel), GroupNorm with 32 groups and eps 1e-6, TensorFlow 'SAME' padding (asymmetric for strided layers),
+post-activation bottleneck units with the stride on the 3x3 conv and relu(residual + y). Module names follow timm's
+ResNetV2 (stem.conv, stages.0.blocks.0.conv1, ...), so hybrid state dicts map one to one.
 """
 
 from __future__ import annotations
@@ -56,11 +55,9 @@ class StdConv2d(nn.Conv2d):
 
 
 class GroupNorm(nn.GroupNorm):
-    """GroupNorm with statistics computed in two passes (mean, then variance about the mean).
-
-    torch's fused CPU kernel loses about 1e-5 absolute on stem activations (which sit far from zero), enough
-    to miss the official outputs; the two-pass form matches them to about 1e-6.
-    """
+    """GroupNorm with statistics computed in two passes (mean, then variance about the mean). torch's fused CPU kernel
+    loses about 1e-5 absolute on stem activations (which sit far from zero), enough to miss the official outputs; the
+    two-pass form matches them to about 1e-6."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, C = x.shape[:2]
@@ -158,8 +155,7 @@ class ResNetConfig:
     """The hybrid stem's post-activation ResNet as a classifier (hybrid_resnet_r*): a backbone, global average
     pooling and a zero-initialised head. (The paper's BiT baseline is the pre-activation ResNet-v2 in bit.py.)
 
-    A value, like ViTConfig: checked where it is built, changed with ``dataclasses.replace``.
-    """
+    A value, like ViTConfig: checked where it is built, changed with ``dataclasses.replace``."""
 
     layers: tuple[int, ...] = (3, 4, 6, 3)
     width_factor: float = 1

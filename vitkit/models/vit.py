@@ -230,8 +230,7 @@ class VisionTransformer(nn.Module):
         return cast(list[Block], list(self.blocks))
 
     def _pos_embed_for(self, grid: tuple[int, int]) -> Tensor | None:
-        """The absolute table(s) for a token grid, resampled if it is not the model's: (tables, prefix + gh * gw, D);
-        None without one."""
+        """A grid's absolute table(s), resampled if not the model's: (tables, prefix + gh * gw, D); None without one."""
         if self.pos_embed is not None:
             if grid == self.grid:
                 return self.pos_embed
@@ -297,8 +296,7 @@ class VisionTransformer(nn.Module):
 
         ``attn_impl``: "sdpa", "explicit" or "auto" for this call (default: the config's). ``grid``: the tokens'
         grid (default: the model's), which per-layer tables and relative positions read. ``blocks`` and ``attention``,
-        when given, receive each block's output and its attention probabilities (B, nh, N, N; written out).
-        """
+        when given, receive each block's output and its attention probabilities (B, nh, N, N; written out)."""
         explicit = attention is not None or attends_explicitly(attn_impl or self.config.attn_impl, x)
         grid = grid or self.grid
         dims, prefix = self.config.relative_dims, self.num_prefix_tokens

@@ -77,11 +77,10 @@ def download_url(
     listed_size: str | None = None,
     deadline: float | None = None,
 ) -> Path:
-    """Download ``url`` to ``dst`` (unless it is there) through ``atomic_write`` under a lock; returns dst.
-
-    The body is checked before it is renamed onto dst: its announced length, its size (exact, or ``listed_size``
-    within the host's rounding), its sha256 and its ``format``, all within ``deadline`` seconds. A concurrent
-    download waits for the first one's file. Failures are one-line UserErrors naming the URL (or dst)."""
+    """Download ``url`` to ``dst`` (unless it is there) through ``atomic_write`` under a lock; returns dst. The body is
+    checked before it is renamed onto dst: its announced length, its size (exact, or ``listed_size`` within the host's
+    rounding), its sha256 and its ``format``, all within ``deadline`` seconds. A concurrent download waits for the first
+    one's file. Failures are one-line UserErrors naming the URL (or dst)."""
     import glob
 
     dst = Path(dst)

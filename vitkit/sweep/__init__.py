@@ -41,12 +41,10 @@ def run_sweep(
     run_hooks: RunHooks = NO_HOOKS,
     page: Callable[[Path], Path] | None = None,
 ) -> SweepResult:
-    """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]).
-
-    ``overrides`` (``section.key=value``) go to every run after the spec's own: how this machine runs them
-    (``run.device=cuda``), not what is compared. ``run_hooks`` go to every run; ``page(out)``, when given, writes the
-    sweep's page last (the command line's writes report.html; sweep/ imports no report).
-    """
+    """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]). ``overrides``
+    (``section.key=value``) go to every run after the spec's own: how this machine runs them (``run.device=cuda``), not
+    what is compared. ``run_hooks`` go to every run; ``page(out)``, when given, writes the sweep's page last (the
+    command line's writes report.html; sweep/ imports no report)."""
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec, quick=quick)
     if overrides:

@@ -42,8 +42,7 @@ class ModelConfig:
     Every field of the row's config class (ViTConfig, or ResNetConfig for a ResNet row) is a key of this section,
     typed and checked by that class (``model.gelu=exact``); unset fields keep the registry's values, except
     ``img_size``, ``in_chans`` and ``num_classes``, which follow the data. ``token_merge`` is no field of the model's
-    config but a speed patch on the built ViT, for training and evaluation alike (vitkit.accel.tome).
-    """
+    config but a speed patch on the built ViT, for training and evaluation alike (vitkit.accel.tome)."""
 
     name: str | None = None  # a registered model; none: run.init_from's own
     token_merge: int = 0  # token merging (ToMe): tokens merged in each block; 0: off
@@ -99,8 +98,7 @@ class ScheduleConfig:
     """The run's length, in optimizer steps or in epochs (one of the two); linear warmup, then decay to min_lr.
 
     With neither, a fine-tune takes the paper's length for the data's size and a run from scratch 10 epochs
-    (vitkit.train.recipe). A warmup as long as the run is halved, with a warning, so the lr reaches optim.lr.
-    """
+    (vitkit.train.recipe). A warmup as long as the run is halved, with a warning, so the lr reaches optim.lr."""
 
     steps: int | None = None  # optimizer steps (0 or none: not set)
     epochs: float | None = None  # passes over the training data (none: not set)

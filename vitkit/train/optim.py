@@ -1,7 +1,6 @@
-"""Optimizers, the learning-rate schedule and Polyak averaging of the weights.
-
-Weight decay applies to weights only (ndim >= 2, not in the model's ``no_weight_decay()``), never to biases, norms
-or embeddings, as in the official code. The schedule is a pure function of the step: a resume needs no other state.
+"""Optimizers, the learning-rate schedule and Polyak averaging of the weights. Weight decay applies to weights only
+(ndim >= 2, not in the model's ``no_weight_decay()``), never to biases, norms or embeddings, as in the official code.
+The schedule is a pure function of the step: a resume needs no other state.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
-"""A training config as a run uses it: ``load_config`` (a file) or ``config_from_dict`` (a mapping) under the
-command line's overrides, then for a fine-tune (run.init_from) the fine-tuning recipe (``recipe_values``, its one
-resolution) in every key the user or the file left open, so ``vitkit finetune`` and ``vitkit train`` with
-run.init_from give the same config.
+"""A training config as a run uses it: ``load_config`` (a file) or ``config_from_dict`` (a mapping) under the command
+line's overrides, then for a fine-tune (run.init_from) the recipe (``recipe_values``, its one resolution) in every key
+the user or the file left open, so ``vitkit finetune`` and ``vitkit train`` with run.init_from give the same config.
 
 The recipe: the source's preprocessing; for a source of ImageNet scale the paper's optimizer (Table 4: SGD momentum
 0.9, lr 0.01, no weight decay, clip 1, batch 512), for one below SMALL_SOURCE parameters the digits config's AdamW
@@ -188,13 +187,10 @@ def config_from_dict(
     origin: str | None = None,
     listing: bool = False,
 ) -> TrainConfig:
-    """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last).
-
-    A value ``???`` marks a key the user must supply; with run.init_from set, every key neither doc nor overrides
-    give is the fine-tuning recipe's. ``origin`` (a file's path) is named in doc's errors. With ``listing``
-    (``vitkit config``) a ``???`` key is left at its default rather than refused, and the recipe is not applied
-    while one is missing.
-    """
+    """A TrainConfig from nested plain values plus ``section.key=value`` strings (applied last). A value ``???`` marks a
+    key the user must give; with run.init_from set, every key neither doc nor overrides give is the fine-tuning
+    recipe's. ``origin`` (a file's path) is named in doc's errors. With ``listing`` (``vitkit config``) a ``???`` key is
+    left at its default, not refused, and the recipe not applied while one is missing."""
     return _resolve(GivenValues.read(doc, overrides, origin), listing)
 
 
@@ -211,8 +207,7 @@ def load_config(path: str | Path | None = None, overrides: Sequence[str] = ()) -
     """Load a YAML config (a path or a shipped name; default: digits) and apply overrides.
 
     The run name defaults to the config's stem, so ``vitkit train`` writes to runs/digits (or runs/digits-1, ...).
-    An error names where its value came from: the file's path, or the command line.
-    """
+    An error names where its value came from: the file's path, or the command line."""
     return _load(path, overrides, listing=False)[0]
 
 

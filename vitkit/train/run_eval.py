@@ -45,12 +45,10 @@ def checkpoint_data(
     data: str | None = None,
     overrides: Sequence[str] = (),
 ) -> DataConfig:
-    """The data a checkpoint is evaluated on, preprocessed as the model expects and never augmented.
-
-    ``data`` is what the commands' ``--data`` names (config_files.data_section), by default the checkpoint's own:
-    the data section of its run's config.yaml, or a source that needs no files recorded in its metadata.
-    ``overrides`` are ``data.key=value`` strings, applied next; the preprocessing is then the checkpoint's own.
-    """
+    """The data a checkpoint is evaluated on, preprocessed as the model expects and never augmented. ``data`` is what
+    the commands' ``--data`` names (config_files.data_section), by default the checkpoint's own: the data section of its
+    run's config.yaml, or a source that needs no files recorded in its metadata. ``overrides`` are ``data.key=value``
+    strings, applied next; the preprocessing is then the checkpoint's own."""
     if data is not None:
         doc = data_section(data)
     elif records_data(path, metadata):
