@@ -285,9 +285,9 @@ def test_yaml_whose_aliases_expand_past_the_bound_is_refused_before_it_is_built(
     where = "config: digits\ngrid: {optim.lr: %s}\n" if command == "sweep" else "optim: {lr: %s}\n"
     target.write_text(where % _laughs(9))
     argv = [command, str(target.parent if command == "report" else target)]
-    one_line_error(capsys, argv, str(target), "expand to more than 10,000 values")
+    one_line_error(capsys, argv, str(target), "more than 10,000 values with each alias (*name) counted")
     target.write_text(where % "&x [*x]")  # an alias inside its own anchor
-    one_line_error(capsys, argv, str(target), "refer to themselves")
+    one_line_error(capsys, argv, str(target), "or an alias inside itself")
 
 
 def test_yaml_size_is_bounded_and_aliases_within_the_bound_still_work(tmp_path, capsys):
@@ -300,6 +300,8 @@ def test_yaml_size_is_bounded_and_aliases_within_the_bound_still_work(tmp_path, 
     config.write_text("data: {mean: &half [0.5], std: *half}\noptim: {lr: 2.0e-3}\n")  # an alias, as YAML allows
     cfg = load_config(config)
     assert cfg.optim.lr == 2.0e-3 and list(cfg.data.std) == [0.5]
+    config.write_text(f"optim: {{lr: {list(range(10_001))}}}\n")  # no alias at all, just too many values
+    one_line_error(capsys, ["train", str(config)], str(config), "more than 10,000 values")
 
 
 def test_a_long_error_is_printed_as_its_two_ends(tmp_path, capsys):

@@ -93,8 +93,8 @@ def read_yaml(path: Path, what: str = "a YAML config") -> Any:
         node = loader.get_single_node()
         if node is not None and _expanded_values(node, MAX_YAML_VALUES) > MAX_YAML_VALUES:
             raise UserError(
-                f"{path}: its aliases (*name) expand to more than {MAX_YAML_VALUES:,} values, or refer to themselves; "
-                f"{what} spells its values out"
+                f"{path}: more than {MAX_YAML_VALUES:,} values with each alias (*name) counted as what it stands for, "
+                f"or an alias inside itself; {what} holds at most {MAX_YAML_VALUES:,}"
             )
         return None if node is None else loader.construct_document(node)
     except yaml.YAMLError as e:
