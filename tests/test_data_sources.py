@@ -8,6 +8,7 @@ in-memory source hands it: the same multiset of (label, pixels) per epoch.
 from __future__ import annotations
 
 import builtins
+import errno
 import hashlib
 import io
 import json
@@ -299,6 +300,63 @@ def test_vitkit_shard_writes_what_it_reads(tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["shard", "digits", str(tmp_path / "out")]) == 2
     assert "already holds manifest.json; choose an empty directory" in capsys.readouterr().err
+
+
+def _files(directory: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in directory.iterdir()}
+
+
+def test_vitkit_shard_never_writes_over_or_through_what_is_there(tmp_path, capsys):
+    """Into the source's own directory, over a link planted at a shard's name, through a link at the output: each
+    refused in one line, with every file as it was."""
+    src = tmp_path / "src"
+    assert cli_main(["shard", "digits", str(src), "--shard-size", "500"]) == 0
+    before = _files(src)
+    capsys.readouterr()
+    own = ["shard", f"wds:{src}/train-{{000000..000002}}.tar", str(src), f"data.val_root={src}/val-000000.tar"]
+    assert cli_main([*own, "--shard-size", "300"]) == 2
+    assert f"{src}: already holds manifest.json; choose an empty directory" in capsys.readouterr().err
+    assert _files(src) == before
+    out, victim = tmp_path / "out", tmp_path / "victim.txt"
+    out.mkdir()
+    victim.write_text("mine")
+    (out / "train-000000.tar").symlink_to(victim)  # no manifest.json beside it
+    assert cli_main(["shard", "digits", str(out)]) == 2
+    assert f"{out}: already holds train-000000.tar" in capsys.readouterr().err
+    assert victim.read_text() == "mine" and (out / "train-000000.tar").is_symlink()
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "elsewhere", target_is_directory=True)
+    assert cli_main(["shard", "digits", str(link)]) == 2
+    assert f"{link}: a symbolic link" in capsys.readouterr().err
+    assert not (tmp_path / "elsewhere").exists()
+
+
+@pytest.mark.parametrize("meanwhile", ["disk full", "another run finished"])
+def test_a_shard_run_is_whole_or_leaves_nothing(tmp_path, monkeypatch, capsys, meanwhile):
+    """Shards are written beside the output and renamed into place once whole: a full disk midway leaves nothing
+    (no half-written tar under the name, no temporary directory); a run that finds another's shards there by then
+    leaves them as they are."""
+    from vitkit.data import shard
+
+    out, real = tmp_path / "out", shard.write_split
+
+    def then(items, directory, split, size):
+        if split == "val" and meanwhile == "disk full":
+            raise OSError(errno.ENOSPC, "No space left on device", str(directory / "val-000000.tar"))
+        if split == "val":
+            out.mkdir()
+            (out / "manifest.json").write_text("theirs")
+        return real(items, directory, split, size)
+
+    monkeypatch.setattr(shard, "write_split", then)
+    assert cli_main(["shard", "digits", str(out)]) == 2
+    err = capsys.readouterr().err
+    if meanwhile == "disk full":
+        assert f"{out}: could not be written (No space left on device); nothing was written there" in err
+        assert list(tmp_path.iterdir()) == []
+    else:
+        assert f"{out}: already holds manifest.json" in err
+        assert [p.name for p in tmp_path.iterdir()] == ["out"] and _files(out) == {"manifest.json": b"theirs"}
 
 
 WORKER = """

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
@@ -19,7 +22,7 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from ..errors import UserError
-from ..io import atomic_write_text
+from ..io import REFUSED, atomic_write_text
 from ..optional import require
 from .build import build_datasets
 from .config import DataConfig, SourceFields
@@ -110,31 +113,60 @@ def _value(v: Any) -> str:
     return v if isinstance(v, str) else json.dumps(v)
 
 
+def _unclaimed(out: Path) -> None:
+    """out must be free for new shards: absent, or an empty directory that is no link (nothing of anyone's, the
+    source's shards included, is ever written over or through)."""
+    if out.is_symlink():
+        raise UserError(f"{out}: a symbolic link; shards go into a new or empty directory of its own")
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{out}: exists and is not a directory; choose an empty directory")
+    held = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if held:
+        raise UserError(f"{out}: already holds {MANIFEST_NAME if MANIFEST_NAME in held else held[0]}; choose an empty "
+                        "directory")  # fmt: skip
+
+
 def write_shards(cfg: DataConfig, out_dir: str | Path, shard_size: int = 1000) -> dict[str, Any]:
-    """Shard the data ``cfg`` names into out_dir (created; it must not hold a manifest yet); returns the manifest."""
+    """Shard the data ``cfg`` names into out_dir, which must be absent or empty; returns the manifest. Everything is
+    written into a temporary directory beside it, renamed into place once whole: a failed or interrupted run
+    leaves nothing under out_dir, and a second run into the same out_dir is refused."""
     if shard_size < 1:
         raise UserError(f"--shard-size: expected a positive number of samples per shard, got {shard_size}")
     out = Path(out_dir)
-    if (out / MANIFEST_NAME).exists():
-        raise UserError(f"{out}: already holds {MANIFEST_NAME}; choose an empty directory")
+    _unclaimed(out)
     cfg = cfg.resolve()
     train, held, info = build_datasets(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    splits = {}
-    for split, ds in (("train", train), ("val", held)):
-        items = digits_raw(split == "val") if cfg.source == "digits" else raw_images(ds, info.mean, info.std)
-        shards = write_split(items, out, split, shard_size)
-        splits[split] = {"shards": shards, "total": sum(s["count"] for s in shards)}
-    hints = {**asdict(SourceFields.of(cfg)), "mean": info.mean, "std": info.std}
-    doc = {
-        "format": MANIFEST_FORMAT,
-        "version": 1,
-        "source": {k: v for k, v in cfg.to_dict().items() if k in ("source", "root", "val_root") and v is not None},
-        "classes": info.class_names,
-        "total": sum(part["total"] for part in splits.values()),
-        "splits": splits,
-        "preprocessing": hints,
-        "overrides": [f"data.{k}={_value(v)}" for k, v in hints.items()],
-    }
-    atomic_write_text(out / MANIFEST_NAME, json.dumps(doc, indent=1) + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        splits = {}
+        for split, ds in (("train", train), ("val", held)):
+            items = digits_raw(split == "val") if cfg.source == "digits" else raw_images(ds, info.mean, info.std)
+            shards = write_split(items, tmp, split, shard_size)
+            splits[split] = {"shards": shards, "total": sum(s["count"] for s in shards)}
+        hints = {**asdict(SourceFields.of(cfg)), "mean": info.mean, "std": info.std}
+        doc = {
+            "format": MANIFEST_FORMAT,
+            "version": 1,
+            "source": {k: v for k, v in cfg.to_dict().items() if k in ("source", "root", "val_root") and v is not None},
+            "classes": info.class_names,
+            "total": sum(part["total"] for part in splits.values()),
+            "splits": splits,
+            "preprocessing": hints,
+            "overrides": [f"data.{k}={_value(v)}" for k, v in hints.items()],
+        }
+        atomic_write_text(tmp / MANIFEST_NAME, json.dumps(doc, indent=1) + "\n")
+        _unclaimed(out)  # again: another run may have finished into it meanwhile
+        try:
+            if out.is_dir():
+                out.rmdir()  # empty: rename(2) replaces only an empty directory, and refuses a full one
+            os.rename(tmp, out)
+        except OSError as e:
+            raise UserError(f"{out}: written by another process meanwhile ({e.strerror}); it is left as it is") from e
+    except OSError as e:
+        if e.errno not in REFUSED:  # not the disk's refusal (a full disk, no permission): a bug or a source's
+            raise
+        raise UserError(f"{out}: could not be written ({e.strerror}); nothing was written there") from e
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return doc
