@@ -166,6 +166,37 @@ def test_hf_parquet_splits_and_columns(tmp_path, in_memory_epoch):
         build_datasets(DataConfig(**{**plain_ints, "image_column": "pic"}, **PLAIN))
 
 
+@pytest.mark.parametrize("kind", ["ClassLabel", "plain ints"])
+def test_hf_labels_of_minus_one_are_no_labels_not_a_class(tmp_path, kind):
+    """-1 is datasets' mark for a row without a label: a test split of only -1 is no evaluation split (a held-out
+    fraction of train instead, with a warning), and a -1 among labelled rows is an error naming the row; neither is
+    ever an 11th class."""
+    images, labels, mask = digits_uint8()
+    label = datasets.ClassLabel(names=[str(k) for k in range(10)]) if kind == "ClassLabel" else datasets.Value("int64")
+    features = datasets.Features({"image": datasets.Image(), "label": label})
+
+    def part(test: bool, relabel) -> datasets.Dataset:
+        rows = np.flatnonzero(mask == test)[:100]
+        cells = {"image": [Image.fromarray(images[i], mode="L") for i in rows], "label": relabel(labels[rows])}
+        return datasets.Dataset.from_dict(cells, features=features)
+
+    def unlabelled(ys):
+        return [-1] * len(ys)
+
+    def one_missing(ys):
+        return [-1 if i == 5 else int(y) for i, y in enumerate(ys)]
+
+    datasets.DatasetDict({"train": part(False, list), "test": part(True, unlabelled)}).save_to_disk(tmp_path / "a")
+    config = DataConfig(source="hf", root=str(tmp_path / "a"), val_fraction=0.2, **PLAIN)
+    with pytest.warns(UserWarning, match="evaluation labels all -1 \\(no label\\); holding out of train"):
+        train, held, info = build_datasets(config)
+    assert info.class_names == [str(k) for k in range(10)] and (len(train), len(held)) == (80, 20)
+    assert {y for _, y in (held[i] for i in range(len(held)))} <= set(range(10))
+    datasets.DatasetDict({"train": part(False, one_missing), "test": part(True, list)}).save_to_disk(tmp_path / "b")
+    with pytest.raises(UserError, match="train row 5 \\(of 1\\) has label -1, no label"):
+        build_datasets(DataConfig(source="hf", root=str(tmp_path / "b"), **PLAIN))
+
+
 def test_hf_held_out_fraction_is_the_folder_rule(tmp_path):
     """No evaluation split: the held-out rows are those the folder source holds out of the same images."""
     images, labels, _ = digits_uint8()

@@ -1,7 +1,6 @@
 """Classify image files with a trained model: top-k classes with probabilities. Images are preprocessed as the
 checkpoint's record says (vitkit.preprocessing) and classified in batches; a file that cannot be read is reported in its
-result and the others are still classified.
-"""
+result and the others are still classified."""
 
 from __future__ import annotations
 

@@ -264,11 +264,8 @@ def without_inference_tensors(model: nn.Module) -> nn.Module:
     """The model, in place, with each parameter or buffer made under torch.inference_mode replaced by a normal copy
     (the same values): the fast model must see later changes to them, and inference tensors count none."""
     with torch.inference_mode(False):
-        for module in model.modules():
-            for name, p in module._parameters.items():
-                if p is not None and p.is_inference():
-                    module._parameters[name] = nn.Parameter(p.clone(), requires_grad=p.requires_grad)
-            for name, b in module._buffers.items():
-                if b is not None and b.is_inference():
-                    module._buffers[name] = b.clone()
+        tables: list[dict[str, Any]] = [t for m in model.modules() for t in (m._parameters, m._buffers)]
+        for table in tables:
+            for name, t in [(name, t) for name, t in table.items() if t is not None and t.is_inference()]:
+                table[name] = nn.Parameter(t.clone(), t.requires_grad) if isinstance(t, nn.Parameter) else t.clone()
     return model

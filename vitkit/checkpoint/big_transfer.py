@@ -1,8 +1,7 @@
 """Big Transfer (BiT) ResNet-v2 checkpoints -> vitkit: the released .npz files and timm's resnetv2_*_bit state dicts.
 The released files hold flat TF names under 'resnet/', as bit_pytorch's ``ResNetV2.load_from`` reads them
 (block{s}/unit{uu}/..., counted from 1; a 1x1 conv head); timm's carry vitkit's names but for that head. Keys without a
-name pass through, for the strict load to report.
-"""
+name pass through, for the strict load to report."""
 
 from __future__ import annotations
 

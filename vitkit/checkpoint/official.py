@@ -2,8 +2,7 @@
 (vit_jax, big_vision, SigLIP's image tower) are first brought to one naming and the layouts to torch's
 (flax_layouts.py); the q/k/v kernels (D, heads, head_dim) are fused into one (3D, D) qkv weight. The config is read from
 names and shapes; what a file cannot say the caller supplies (``given``). ``vitkit_to_official`` writes the inverse: the
-exact names and shapes of the released (or Linen) files.
-"""
+exact names and shapes of the released (or Linen) files."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 unwrapping. A bare timm state dict says no head count nor GELU (both guessed and reported); timm's hub config.json
 beside the weights says them, and vitkit writes one with every timm file and reads it when there. A config.json that
 contradicts the weights or asks for another function is refused rather than half-followed, as is a file with fc_norm
-(timm's GAP normalises after pooling).
-"""
+(timm's GAP normalises after pooling)."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 the ``BatchAugment`` that maps a training micro-batch ``(x, y)`` to the images and targets the loss sees; each lever is
 off by default. RandAugment is kornia's, on [0, 1] pixels. mixup / cutmix draw one Beta(alpha, alpha) weight per batch
 and mix each image with its mirror, as timm does, and the targets in the proportion of the mixed pixels. All randomness
-comes from torch's global RNG, seeded by the engine.
-"""
+comes from torch's global RNG, seeded by the engine."""
 
 from __future__ import annotations
 

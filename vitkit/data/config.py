@@ -3,8 +3,7 @@
 Fields left as ``None`` take the source's default (``SOURCE_DEFAULTS``), filled by ``DataConfig.resolve()``.
 ``--data`` spells the file-backed sources with a prefix (``source_section``): ``hf:NAME[:CONFIG]``,
 ``wds:PATTERN`` and ``manifest:FILE.csv|json``. Every field is a plain type, so a config round-trips through
-YAML/JSON and can be overridden field by field (``data.img_size=384``).
-"""
+YAML/JSON and can be overridden field by field (``data.img_size=384``)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Dataset classes: images held as tensors in memory, decoded arrays, or files in a class-per-folder tree. Every item is
 ``(float tensor (C, H, W), int label)``, its augmentation drawn from torch's global RNG. Corrupt files in an image
 folder are found when an item is loaded (``verify()`` scans them all on demand); with ``skip_corrupt`` an unreadable
-file is replaced by the next readable one, counted and warned about once.
-"""
+file is replaced by the next readable one, counted and warned about once."""
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 package data in ``digits.npz`` (licence: digits_LICENSE.txt), so training needs neither scikit-learn nor a download; its
 ``test_mask`` is the fixed 20% held-out split, stored so that it stays the same whatever the torch version. Augmentation
 is random shifts, no flip (a mirrored digit is a different symbol). Regenerate the file with ``write_digits_npz()``
-(needs scikit-learn, a development dependency).
-"""
+(needs scikit-learn, a development dependency)."""
 
 from __future__ import annotations
 

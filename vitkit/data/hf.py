@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import io
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -189,6 +190,10 @@ class HFImageDataset(Dataset):
         return self.transform(image), label  # the transform decodes (a training crop of a JPEG cell: reduced)
 
 
+def _unlabelled(value: Any) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value == -1
+
+
 def build_hf_parts(
     where: str,
     image_column: str | None,
@@ -203,6 +208,12 @@ def build_hf_parts(
     image, label = image_and_label_columns(train_table.features, image_column, label_column)
     train_labels = list(train_table[label])
     eval_labels = list(eval_table[label]) if eval_table is not None else []
+    if eval_labels and all(map(_unlabelled, eval_labels)):  # a test split published without labels: none
+        warnings.warn(f"data.root={where!r}: evaluation labels all -1 (no label); holding out of train", stacklevel=2)
+        eval_table, eval_labels = None, []
+    for split, labels in (("train", train_labels), ("evaluation", eval_labels)):
+        if rows := [i for i, v in enumerate(labels) if _unlabelled(v)]:
+            raise UserError(f"data.root={where!r}: {split} row {rows[0]} (of {len(rows)}) has label -1, no label")
     names, index = class_names_of(train_table.features[label], train_labels + eval_labels)
     if eval_table is not None:
         train = HFImageDataset(train_table, None, image, label, train_tf, index)

@@ -6,8 +6,7 @@
 Corruption precedes the position embedding, so a corrupted patch keeps its position. Every image has the same count
 of corrupted patches (so each weighs the same in the loss); each becomes the [mask] embedding, another clean patch
 of the same image, or stays, as BERT corrupts tokens. The saved run is the plain ViT plus ``mpp.*`` keys, with
-metadata that tells every loader to drop them (``drop_on_load``).
-"""
+metadata that tells every loader to drop them (``drop_on_load``)."""
 
 from __future__ import annotations
 
