@@ -193,7 +193,7 @@ def test_hf_labels_of_minus_one_are_no_labels_not_a_class(tmp_path, kind):
     assert info.class_names == [str(k) for k in range(10)] and (len(train), len(held)) == (80, 20)
     assert {y for _, y in (held[i] for i in range(len(held)))} <= set(range(10))
     datasets.DatasetDict({"train": part(False, one_missing), "test": part(True, list)}).save_to_disk(tmp_path / "b")
-    with pytest.raises(UserError, match="train row 5 \\(of 1\\) has label -1, no label"):
+    with pytest.raises(UserError, match="train row 5 has label -1, no label \\(1 in all\\)"):
         build_datasets(DataConfig(source="hf", root=str(tmp_path / "b"), **PLAIN))
 
 

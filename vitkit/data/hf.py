@@ -213,7 +213,7 @@ def build_hf_parts(
         eval_table, eval_labels = None, []
     for split, labels in (("train", train_labels), ("evaluation", eval_labels)):
         if rows := [i for i, v in enumerate(labels) if _unlabelled(v)]:
-            raise UserError(f"data.root={where!r}: {split} row {rows[0]} (of {len(rows)}) has label -1, no label")
+            raise UserError(f"data.root={where!r}: {split} row {rows[0]} has label -1, no label ({len(rows)} in all)")
     names, index = class_names_of(train_table.features[label], train_labels + eval_labels)
     if eval_table is not None:
         train = HFImageDataset(train_table, None, image, label, train_tf, index)
