@@ -140,9 +140,8 @@ class InferenceModel(nn.Module):
     def __deepcopy__(self, memo: dict[int, Any]) -> InferenceModel:
         self._check_unchanged()  # a copy of weights that no longer agree with their source would be one too
         # the compiled form belongs to this model: the copy compiles its own on its first call
-        with torch.inference_mode(False):
-            model = without_inference_tensors(copy.deepcopy(self.model, memo))
-            new = InferenceModel(model, self.dtype, self.compile_mode, self.precision)
+        with torch.inference_mode(False):  # its copies are then normal tensors, whose changes are counted
+            new = InferenceModel(copy.deepcopy(self.model, memo), self.dtype, self.compile_mode, self.precision)
         memo[id(self)] = new
         return new.train(self.training)
 
