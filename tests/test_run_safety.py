@@ -59,6 +59,18 @@ def test_a_failed_resume_leaves_config_yaml_as_it_was(tmp_path):
     assert (run / "config.yaml").read_bytes() == saved
 
 
+def test_resume_with_changes_cannot_change_the_model_and_says_so_in_one_line(tmp_path, capsys):
+    run = train(tiny(tmp_path)).run_dir
+    depth, width = tiny_doc(tmp_path)["model"]["depth"], tiny_doc(tmp_path)["model"]["width"]
+    args = [str(run / "config.yaml"), "run.resume=true", "run.resume_with_changes=true", f"model.depth={depth + 1}"]
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run / 'train_state.safetensors'}: the saved model does not fit" in err[0]
+    assert f"missing ['blocks.{depth}." in err[0] and "start a new run (run.init_from) to change it" in err[0]
+    assert main(["train", *args[:3], f"model.mlp_dim={2 * width + 8}"]) == 2
+    assert "shapes ['blocks.0.mlp.fc1.weight (" in capsys.readouterr().err
+
+
 def test_resuming_a_finished_run_adds_no_records(tmp_path):
     first = train(tiny(tmp_path, "run.eval_every=2"))
     records = (first.run_dir / "metrics.jsonl").read_text()

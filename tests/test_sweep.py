@@ -21,6 +21,7 @@ from vitkit.errors import UserError
 from vitkit.sweep import load_spec, run_sweep, shipped_sweeps
 from vitkit.sweep.run import default_threads, plan_cell, run_status
 from vitkit.train import train
+from vitkit.train.rundir import write_config
 
 TINY_DIGITS = {
     "model": {"name": "vit_ti16", "patch_size": 4, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32},
@@ -147,9 +148,10 @@ def test_a_killed_sweep_resumes_without_redoing_finished_cells_and_aggregates_it
     before = {c.name: run_status(out / c.name) for c in cells}
     assert before[cells[0].name] == "finished"
     assert before[cells[1].name] == "partial", "killed too late: the second cell had finished"
-    # a run killed before its first save: a directory with a config and no state, started again from scratch
+    # a run killed before its first save: a directory with its config and no state, started again from scratch
     (out / cells[2].name).mkdir()
-    (out / cells[2].name / "config.yaml").write_text("# killed before its first save\n")
+    write_config(out / cells[2].name, plan_cell(load_spec(spec_path), cells[2], out, threads=1).first)
+    (out / cells[2].name / "metrics.jsonl").write_text('{"kind": "train", "step": 5, "loss": 2.3')  # cut short
     before[cells[2].name] = run_status(out / cells[2].name)
     assert before[cells[2].name] == "started"
     finished = [name for name, status in before.items() if status == "finished"]

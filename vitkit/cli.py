@@ -43,16 +43,18 @@ def command(name: str, help: str) -> Callable[[Command], Command]:
 def cmd_models(args: argparse.Namespace) -> int:
     if args.pretrained:
         from .pretrained import cache_status, get_pretrained, list_pretrained
+        from .pretrained.cache import CHECKS
 
         tags = list_pretrained(args.pattern)
         if not tags:
             raise UserError(f"no pretrained weights match {args.pattern!r}; see `vitkit models --pretrained`")
         rows = [get_pretrained(t) for t in tags]
         width = max(len(t) for t in tags)
-        print(f"{'tag':<{width}}  {'res':>4}  {'classes':<12}  {'cached':<19}  source")
+        print(f"{'tag':<{width}}  {'res':>4}  {'classes':<12}  {'cached':<24}  source")
         for row in rows:
-            cached = cache_status(row)  # "no", "cached (verified)", "cached (unreadable)", ...
-            print(f"{row.tag:<{width}}  {row.img_size:>4}  {row.classes:<12}  {cached:<19}  {row.source}")
+            cached = cache_status(row)  # "no", "cached (size+arch)", "cached (unreadable)", ...
+            print(f"{row.tag:<{width}}  {row.img_size:>4}  {row.classes:<12}  {cached:<24}  {row.source}")
+        print(CHECKS)
         return 0
 
     import torch
@@ -285,6 +287,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             overrides=args.overrides,
             run_hooks=REPORT_HOOKS,
             page=page,
+            force=args.force,
         )
     except TrainingInterrupted as e:
         print(f"vitkit sweep: interrupted: {e}; the same sweep command resumes it", file=sys.stderr)

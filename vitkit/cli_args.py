@@ -247,6 +247,7 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="the sweep's folder: one run directory per cell (default runs/sweeps/SPEC)")
     p.add_argument("--aggregate-only", action="store_true", help="only read the runs there: table and figures")
     p.add_argument("--quick", action="store_true", help="the spec's quick variant (seconds; what the tests run)")
+    p.add_argument("--force", action="store_true", help="train again cells whose directories hold another run")
 
 
 @arguments("report")

@@ -272,7 +272,7 @@ class DirectoryLock:
         import fcntl
 
         if self.path in DirectoryLock._held:
-            raise UserError(f"{self.path.parent}: in use by this process already; a run directory takes one run")
+            raise UserError(f"{self.path.parent}: in use by this process already; a run or sweep directory takes one")
         for _ in range(self.ATTEMPTS):
             fd = self._open()
             try:
@@ -287,8 +287,8 @@ class DirectoryLock:
                 if not named:
                     continue  # its owner is releasing it: the file is gone from the directory
                 raise UserError(
-                    f"{self.path.parent}: in use by a live process (pid {owner}); a run directory takes one process "
-                    "at a time"
+                    f"{self.path.parent}: in use by a live process (pid {owner}); a run or sweep directory takes "
+                    "one process at a time"
                 ) from None
             if self._names(fd):
                 break

@@ -87,7 +87,7 @@ def write_final_run_report(run_dir: Path, device: torch.device) -> Path:
 
 
 # what `vitkit train` (and each run of `vitkit sweep`) passes to the training: the page at evaluations and at the end
-REPORT_HOOKS = RunHooks(evaluated=refresh_run_report, finished=write_final_run_report)
+REPORT_HOOKS = RunHooks(evaluated=refresh_run_report, finished=write_final_run_report, writes=(REPORT_NAME,))
 
 
 def run_report(run_dir: str | Path, device: str | torch.device = "auto", during: bool = False) -> str:

@@ -79,7 +79,9 @@ def sweep_report(
 
 
 def _run_dirs(sweep: Path, run: dict[str, Any]) -> list[Path]:
-    first = sweep / str(run["run"])
+    first = sweep / str(run["run"])  # a plain name (read_table)
+    if first.is_symlink():
+        raise UserError(f"{first}: a symbolic link; a sweep's runs are directories inside it")
     second = sweep / finetune_name(first.name)
     return [d for d in (first, second) if d.is_dir()]  # a cell that does not pretrain has the second alone
 

@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
+from ..io import DirectoryLock
 from ..train.engine import NO_HOOKS, RunHooks
 from .aggregate import Row, aggregate, write_figures, write_table
 from .probes import write_attention_figures
-from .run import SweepRun, run_cells
+from .run import SweepRun, plan_cells, run_cells
 from .spec import Cell, SweepSpec, load_spec, shipped_sweeps
 
 
@@ -40,38 +41,59 @@ def run_sweep(
     overrides: Sequence[str] = (),
     run_hooks: RunHooks = NO_HOOKS,
     page: Callable[[Path], Path] | None = None,
+    force: bool = False,
 ) -> SweepResult:
-    """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]). ``overrides``
-    (``section.key=value``) go to every run after the spec's own: how this machine runs them (``run.device=cuda``), not
-    what is compared. ``run_hooks`` go to every run; ``page(out)``, when given, writes the sweep's page last (the
-    command line's writes report.html; sweep/ imports no report)."""
+    """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]), locked for the life
+    of this process. ``overrides`` (``section.key=value``) go to every run after the spec's own: how this machine
+    runs them (``run.device=cuda``), not what is compared. ``run_hooks`` go to every run; ``page(out)``, when given,
+    writes the sweep's page last (the command line's writes report.html; sweep/ imports no report). ``force``
+    trains again the cells whose directories hold another spec's run (run_cells)."""
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec, quick=quick)
     if overrides:
         extra = list(overrides)
+        _check_overrides(spec, extra)
         spec = replace(spec, overrides=spec.overrides + extra, finetune_overrides=spec.finetune_overrides + extra)
     out = Path(out) if out is not None else Path("runs") / "sweeps" / (spec.name + ("_quick" if quick else ""))
     cells = spec.expand()
-    done = SweepRun({}, {})
-    if aggregate_only:
-        if not out.is_dir():
-            raise UserError(f"{out}: no sweep here to aggregate (run it first, or give its --out)")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        settings = len(cells) // len(spec.seeds)
-        log(f"{spec.name}: {len(cells)} runs ({settings} settings x {len(spec.seeds)} seeds) in {out}")
-        done = run_cells(spec, cells, out, jobs, log, run_hooks)
-    rows, records = aggregate(spec, cells, out)
-    files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
-    if spec.probes.attention_images:
-        groups: dict[str, tuple[str, dict[str, Any], list[Path]]] = {}
-        for cell in cells:
-            label = cell.name.rsplit("_seed-", 1)[0]
-            groups.setdefault(label, (label, dict(cell.values), []))[2].append(out / cell.name)
-        files += write_attention_figures(spec.name, list(groups.values()), out)
-    if page is not None:
-        files.append(page(out))
+    if aggregate_only and not out.is_dir():
+        raise UserError(f"{out}: no sweep here to aggregate (run it first, or give its --out)")
+    plans = [] if aggregate_only else plan_cells(spec, cells, out, jobs, run_hooks)  # every config checked first
+    if out.is_symlink():
+        raise UserError(f"{out}: a symbolic link; a sweep writes into a directory of its own")
+    out.mkdir(parents=True, exist_ok=True)
+    lock = DirectoryLock(out).acquire()  # one process at a time: a second sweep here is refused
+    try:
+        done = SweepRun({}, {})
+        if not aggregate_only:
+            settings = len(cells) // len(spec.seeds)
+            log(f"{spec.name}: {len(cells)} runs ({settings} settings x {len(spec.seeds)} seeds) in {out}")
+            done = run_cells(plans, jobs, log, force)
+        rows, records = aggregate(spec, cells, out, done.failed)
+        files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
+        if spec.probes.attention_images:
+            groups: dict[str, tuple[str, dict[str, Any], list[Path]]] = {}
+            for cell in cells:
+                label = cell.name.rsplit("_seed-", 1)[0]
+                groups.setdefault(label, (label, dict(cell.values), []))[2].append(out / cell.name)
+            files += write_attention_figures(spec.name, list(groups.values()), out)
+        if page is not None:
+            files.append(page(out))
+    finally:
+        lock.release()
     return SweepResult(out, rows, files, done.actions, done.failed)
+
+
+def _check_overrides(spec: SweepSpec, overrides: list[str]) -> None:
+    """What the command line may not set: a key the spec varies, or what each cell sets itself."""
+    owned = {*spec.axes, "run.seed", "run.name", "run.out_dir"}
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key in owned:
+            raise UserError(
+                f"command line: {item}: {key} is set by each cell (its grid, cells, seeds or --out); "
+                "change it in the spec instead"
+            )
 
 
 __all__ = ["Cell", "Row", "SweepResult", "SweepSpec", "aggregate", "load_spec", "run_sweep", "shipped_sweeps"]

@@ -12,6 +12,7 @@ import io
 import json
 import math
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -50,7 +51,10 @@ def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float |
             raise UserError(
                 f"metrics: {metric!r} is not in the last {kind} record of {run_dir / METRICS_NAME} (it has {have})"
             )
-        values[metric] = float(records[-1][key])
+        value = records[-1][key]
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise UserError(f"{run_dir / METRICS_NAME}: {key}={value!r} in its last {kind} record, expected a number")
+        values[metric] = float(value)
     return values
 
 
@@ -63,12 +67,15 @@ class Row:
     seeds: list[int]
 
 
-def aggregate(spec: SweepSpec, cells: list[Cell], out: Path) -> tuple[list[Row], list[dict[str, Any]]]:
-    """(one row per group of seeds, one record per finished cell), in the spec's order."""
+def aggregate(
+    spec: SweepSpec, cells: list[Cell], out: Path, failed: Collection[str] = ()
+) -> tuple[list[Row], list[dict[str, Any]]]:
+    """(one row per group of seeds, one record per finished cell), in the spec's order; the cells named in
+    ``failed`` (by this sweep's run, which said why) count as unfinished."""
     groups: dict[tuple[tuple[str, Any], ...], list[tuple[Cell, dict[str, float | None]]]] = {}
     records = []
     for cell in cells:
-        found = cell_metrics(out, cell, spec.metrics)
+        found = None if cell.name in failed else cell_metrics(out, cell, spec.metrics)
         groups.setdefault(cell.group, [])
         if found is not None:
             groups[cell.group].append((cell, found))
@@ -196,8 +203,13 @@ def read_table(out: Path) -> Table:
             Row({k: r[k] for k in axes if k in r}, int(r["n"]), dict(r["mean"]), dict(r["std"]), list(r["seeds"]))
             for r in doc["rows"]
         ]
-        return Table(str(doc.get("spec", "")), axes, metrics, rows, list(doc["runs"]))
+        runs = list(doc["runs"])
+        names = [str(r["run"]) for r in runs]
     except FileNotFoundError:
         raise UserError(f"{path}: no such file (run vitkit sweep, or give the sweep's --out)") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise UserError(f"{path}: not a sweep table written by vitkit sweep ({type(e).__name__}: {e})") from None
+    for name in names:
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise UserError(f"{path}: run {name!r} is not the name of a run directory inside the sweep")
+    return Table(str(doc.get("spec", "")), axes, metrics, rows, runs)

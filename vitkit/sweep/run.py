@@ -1,16 +1,23 @@
 """Running a sweep: each cell is an ordinary training run in OUT/<cell name>, skipped when it has finished.
 
-A rerun picks up where a killed sweep stopped: a finished run is never touched, one with a state short of the end is
-resumed, one killed before its first save is removed (under its lock) and started again. A cell's finetune stage
-starts from its first run's weights in OUT/<cell name>--finetune (with ``pretrain: false`` from scratch), after
-its probes. ``--jobs N`` runs N cells at once in spawned processes, each on at most cores // N threads.
+A cell is recognised by what its run wrote there, its config.yaml: a directory that holds another config (an edited
+spec) or none is refused before any work, naming the difference, unless ``force`` (then trained again). A rerun
+picks up where a killed sweep stopped: a finished run is never touched, one with a state short of the end is resumed,
+one killed before its first save is removed (under its lock; never a file no run writes) and started again. A cell's
+finetune stage starts from its first run's weights in OUT/<cell name>--finetune (with ``pretrain: false`` from
+scratch), after its probes. ``--jobs N`` runs N cells at once in spawned processes, each on at most cores // N
+threads, which stop (their state saved) when the sweep's process dies.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
+import signal
+import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -20,36 +27,80 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.native import CONFIG_NAME, WEIGHTS_NAME
 from ..device import usable_cores
 from ..errors import UserError
-from ..io import DirectoryLock
+from ..io import DirectoryLock, is_temp_name
 from ..train.config import TrainConfig
 from ..train.engine import NO_HOOKS, NonFiniteLossError, RunHooks, train
-from ..train.overrides import value_text
+from ..train.metrics import METRICS_NAME, PLOT_NAMES, TENSORBOARD_DIR
+from ..train.overrides import COMMAND_LINE, value_text
 from ..train.recipe import config_from_dict, load_config
-from ..train.state import STATE_NAME
+from ..train.rundir import RESUMABLE, config_changes
+from ..train.state import STATE_NAME, read_train_state
 from .probes import Probes, run_probes
 from .spec import Cell, SweepSpec, finetune_name
 
 # what stops one cell and lets the others go on: a setting that does not work (a config error, a diverged run);
 # anything else is a bug and stops the sweep with its traceback
 CELL_FAILURES = (UserError, NonFiniteLossError)
-_STATE_META = "vitkit_train_state"  # the metadata key of a train_state.safetensors (vitkit.train.state)
+# what a cell's run may differ from its plan in: how it is run, never what it trains (its length included)
+HOW_IT_RUNS = RESUMABLE - {"schedule.steps", "schedule.epochs"}
+RUN_CONFIG = "config.yaml"  # what a run writes first: how the sweep knows a cell's directory for its own
+# what a run writes before its first save; anything else in a directory to be started again is someone's
+EARLY_FILES = frozenset({RUN_CONFIG, METRICS_NAME, TENSORBOARD_DIR, *PLOT_NAMES})  # and what its hooks write
 
 
 def run_status(run_dir: Path) -> str:
-    """ "finished", "partial" (a state to resume), "started" (a directory without one) or "absent"."""
+    """ "finished", "partial" (a state to resume), "started" (a directory with neither) or "absent". A finished run
+    whose state was deleted to save space is known by its model's metadata; a state that is not one is a UserError
+    naming it."""
     if not run_dir.is_dir():
         return "absent"
-    state = run_dir / STATE_NAME
-    if not state.is_file():
-        return "started"
-    from safetensors import safe_open
+    if (run_dir / STATE_NAME).is_file():
+        doc, _ = read_train_state(run_dir / STATE_NAME, tensors=False)
+        done = doc["step"] >= doc.get("total_steps", doc["step"] + 1) and bool(doc.get("metrics"))
+        return "finished" if done else "partial"
+    meta = _model_metadata(run_dir)
+    done = meta.get("step") is not None and meta.get("step") == meta.get("total_steps") and bool(meta.get("metrics"))
+    return "finished" if done else "started"
 
-    with safe_open(str(state), framework="pt") as f:  # the header only: no tensor is read
-        doc = json.loads((f.metadata() or {}).get(_STATE_META, "{}"))
-    done = doc.get("step", 0) >= doc.get("total_steps", float("inf")) and bool(doc.get("metrics"))
-    return "finished" if done else "partial"
+
+def _model_metadata(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / CONFIG_NAME
+    if not path.is_file() or not (run_dir / WEIGHTS_NAME).is_file():
+        return {}
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: not a readable model config ({e})") from None
+    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
+def foreign(run_dir: Path, cfg: TrainConfig) -> str | None:
+    """Why an existing run_dir is not the run of cfg, or None when it is (or is empty): its config.yaml must be
+    cfg's apart from how the run was run (HOW_IT_RUNS)."""
+    saved = run_dir / RUN_CONFIG
+    if not saved.is_file():
+        held = sorted(p.name for p in run_dir.iterdir())
+        return f"no run's {RUN_CONFIG} in it, but {', '.join(held[:5])}" if held else None
+    changes = config_changes(load_config(saved), cfg, HOW_IT_RUNS)
+    return f"a run of another spec ({'; '.join(changes)})" if changes else None
+
+
+def remove_run(run_dir: Path, force: bool = True, hooks: RunHooks = NO_HOOKS) -> None:
+    """Remove a run directory under its lock (a UserError if a live process runs it); without force only what a
+    run writes before its first save (EARLY_FILES and its hooks' files), and a UserError naming anything else."""
+    DirectoryLock(run_dir).acquire().release()
+    own = EARLY_FILES | set(hooks.writes)
+    others = sorted(p.name for p in run_dir.iterdir() if p.name not in own and not is_temp_name(p.name))
+    if others and not force:
+        raise UserError(
+            f"{run_dir}: a run killed before its first save, beside files no run writes ({', '.join(others[:5])}); "
+            "move them out, or add --force to remove them with the run"
+        )
+    shutil.rmtree(run_dir)
 
 
 def default_threads(jobs: int) -> int:
@@ -73,6 +124,22 @@ class CellPlan:
         first, second = self.out / self.name, self.out / finetune_name(self.name)
         return ([first] if self.first is not None else []) + ([second] if self.finetune else [])
 
+    def finetune_config(self) -> TrainConfig:
+        assert self.finetune is not None
+        return _with_threads(build_config(*self.finetune), self.threads)
+
+    def existing_runs(self) -> list[tuple[Path, TrainConfig]]:
+        """(directory, config) of each stage whose directory exists; the finetune stage's once the first run's has
+        finished (its config reads that run's checkpoint)."""
+        found = []
+        if self.first is not None and (self.out / self.name).is_dir():
+            found.append((self.out / self.name, self.first))
+        second = self.out / finetune_name(self.name)
+        ready = self.finetune is not None and second.is_dir()  # and its first run finished, read only then
+        if ready and (self.first is None or run_status(self.out / self.name) == "finished"):
+            found.append((second, self.finetune_config()))
+        return found
+
     def finished(self) -> bool:
         done = all(run_status(d) == "finished" for d in self.run_dirs())
         return done and (self.first is None or self.probes.done(self.out / self.name))
@@ -81,7 +148,13 @@ class CellPlan:
 def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int, hooks: RunHooks = NO_HOOKS) -> CellPlan:
     """The runs a plain ``vitkit train`` of the cell's overrides would make (the first one's config checked now)."""
     common = [f"run.seed={cell.seed}", f"run.out_dir={out}", "run.progress=false"]
-    first = build_config(spec.base_config(), [*spec.overrides, *cell.overrides(), *common, f"run.name={cell.name}"])
+    try:
+        first = build_config(spec.base_config(), [*spec.overrides, *cell.overrides(), *common, f"run.name={cell.name}"])
+    except UserError as e:  # a value of the grid: named as the spec's, not the command line's
+        message = str(e)
+        for key in dict(cell.values):
+            message = message.replace(f"{COMMAND_LINE}: {key}=", f"{key}=")
+        raise UserError(f"{spec.path}: cell {cell.name}: {message}") from None
     finetune = None
     if spec.finetune_config is not None:
         ft_base = spec.base_config(spec.finetune_config)
@@ -108,6 +181,22 @@ def _with_threads(cfg: TrainConfig, threads: int) -> TrainConfig:
     return dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, threads=min(own, threads) if own else threads))
 
 
+def claim_cells(plans: list[CellPlan], force: bool) -> None:
+    """Before any work: every existing cell directory must be its cell's run (foreign), else a UserError naming the
+    first that is not and how; with force such a cell's directories are removed, to be trained again."""
+    for plan in plans:
+        for run_dir, cfg in plan.existing_runs():
+            why = foreign(run_dir, cfg)
+            if why is None:
+                continue
+            if not force:
+                raise UserError(f"{run_dir}: {why}; sweep into a new --out, or add --force to train this cell again")
+            for d in plan.run_dirs():
+                if d.is_dir():
+                    remove_run(d)
+            break
+
+
 def run_cell(plan: CellPlan) -> list[str]:
     """Bring every stage of a cell to its end; returns what was done to each ("skipped", "resumed", "ran")."""
     done = []
@@ -121,20 +210,19 @@ def run_cell(plan: CellPlan) -> list[str]:
             finally:
                 torch.set_num_threads(before)
     if plan.finetune is not None:
-        base, overrides = plan.finetune
-        done.append(_run_stage(_with_threads(build_config(base, overrides), plan.threads), plan.hooks))
+        done.append(_run_stage(plan.finetune_config(), plan.hooks))
     return done
 
 
 def _run_stage(cfg: TrainConfig, hooks: RunHooks) -> str:
     run_dir = Path(cfg.run.out_dir) / str(cfg.run.name)
     status = run_status(run_dir)
+    if status != "absent" and (why := foreign(run_dir, cfg)):  # the finetune stage's, first seen here
+        raise UserError(f"{run_dir}: {why}; sweep into a new --out, or add --force to train this cell again")
     if status == "finished":
         return "skipped"
     if status == "started":
-        lock = DirectoryLock(run_dir).acquire()  # a UserError if a live process runs it
-        lock.release()
-        shutil.rmtree(run_dir)
+        remove_run(run_dir, force=False, hooks=hooks)
     resume = status == "partial"
     if resume:
         cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, resume=True))
@@ -142,6 +230,26 @@ def _run_stage(cfg: TrainConfig, hooks: RunHooks) -> str:
     if result.run_dir.resolve() != run_dir.resolve():  # the run took another directory: a bug, not the user's
         raise RuntimeError(f"cell run went to {result.run_dir}, expected {run_dir}")
     return "resumed" if resume else "ran"
+
+
+def _watch_parent(parent: int) -> None:
+    """A --jobs worker's initializer: when the sweep's process dies (the OOM killer, kill -9), the worker stops as
+    on Ctrl-C (a running cell saves its state at its next step), then exits (_run_in_worker)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="vitkit-sweep-parent", daemon=True).start()
+
+
+def _run_in_worker(parent: int, plan: CellPlan) -> list[str]:
+    try:
+        return run_cell(plan)
+    finally:
+        if os.getppid() != parent:  # nobody to report to
+            os._exit(1)
 
 
 @dataclass
@@ -152,53 +260,59 @@ class SweepRun:
     failed: dict[str, str]
 
 
-def run_cells(
-    spec: SweepSpec,
-    cells: list[Cell],
-    out: Path,
-    jobs: int = 1,
-    log: Callable[[str], object] = print,
-    hooks: RunHooks = NO_HOOKS,
-) -> SweepRun:
-    """Run (or skip, or resume) every cell; a cell that fails (CELL_FAILURES) is reported and the others go on.
-    SIGINT / SIGTERM stop the running cell at a step boundary with its state saved (TrainingInterrupted)."""
+def plan_cells(spec: SweepSpec, cells: list[Cell], out: Path, jobs: int, hooks: RunHooks = NO_HOOKS) -> list[CellPlan]:
+    """Every cell's plan, each config checked: a UserError before anything is written."""
     if jobs < 1:
         raise UserError(f"--jobs: expected a positive number of parallel runs, got {jobs}")
-    threads = default_threads(jobs)
-    # every config checked before any run
-    plans = [(cell, plan_cell(spec, cell, out, threads, hooks)) for cell in cells]
+    return [plan_cell(spec, cell, out, default_threads(jobs), hooks) for cell in cells]
+
+
+def run_cells(
+    plans: list[CellPlan], jobs: int = 1, log: Callable[[str], object] = print, force: bool = False
+) -> SweepRun:
+    """Run (or skip, or resume) every cell, once all are claimed (claim_cells); a cell that fails (CELL_FAILURES)
+    is reported and the others go on. SIGINT / SIGTERM stop the running cell at a step boundary with its state
+    saved (TrainingInterrupted)."""
+    claim_cells(plans, force)
     actions: dict[str, list[str]] = {}
     failed: dict[str, str] = {}
     pending = []
-    for cell, plan in plans:
-        if plan.finished():
-            actions[cell.name] = ["skipped"] * len(plan.run_dirs())
-            log(f"{cell.name}: finished already, skipped")
+    for plan in plans:
+        try:
+            finished = plan.finished()
+        except UserError as e:  # a state or model file that cannot be read: this cell fails, the others go on
+            failed[plan.name] = str(e)
+            log(f"{plan.name}: failed: {e}")
+            continue
+        if finished:
+            actions[plan.name] = ["skipped"] * len(plan.run_dirs())
+            log(f"{plan.name}: finished already, skipped")
         else:
-            pending.append((cell, plan))
+            pending.append(plan)
     if jobs == 1:
-        for cell, plan in pending:
-            log(f"{cell.name}: running")
+        for plan in pending:
+            log(f"{plan.name}: running")
             try:
-                actions[cell.name] = run_cell(plan)
+                actions[plan.name] = run_cell(plan)
             except CELL_FAILURES as e:
-                failed[cell.name] = str(e)
-                log(f"{cell.name}: failed: {e}")
+                failed[plan.name] = str(e)
+                log(f"{plan.name}: failed: {e}")
         return SweepRun(actions, failed)
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures: dict[Future[list[str]], Cell] = {}
-        for cell, plan in pending:
-            log(f"{cell.name}: queued")
-            futures[pool.submit(run_cell, plan)] = cell
+    context, me = get_context("spawn"), os.getpid()
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_watch_parent, initargs=(me,)) as pool:
+        futures: dict[Future[list[str]], CellPlan] = {}
+        for plan in pending:
+            log(f"{plan.name}: queued")
+            futures[pool.submit(_run_in_worker, me, plan)] = plan
         for future in as_completed(futures):
-            cell = futures[future]
+            name = futures[future].name
             error = future.exception()
             if isinstance(error, CELL_FAILURES):
-                failed[cell.name] = str(error)
-                log(f"{cell.name}: failed: {error}")
+                failed[name] = str(error)
+                log(f"{name}: failed: {error}")
             elif error is not None:
                 raise error
             else:
-                actions[cell.name] = future.result()
-                log(f"{cell.name}: {', '.join(actions[cell.name])}")
+                actions[name] = future.result()
+                log(f"{name}: {', '.join(actions[name])}")
     return SweepRun(actions, failed)

@@ -55,6 +55,7 @@ class RunHooks:
 
     evaluated: Callable[[Path, float, torch.device], object] | None = None  # (run_dir, started, device): mid-run
     finished: Callable[[Path, torch.device], object] | None = None  # (run_dir, device): after the final plots
+    writes: tuple[str, ...] = ()  # the names of the files they write in the run directory
 
 
 NO_HOOKS = RunHooks()  # a run that writes its own files only
@@ -235,7 +236,8 @@ class Trainer(RunSetup):
                 "time": self.elapsed,
             }
             save_train_state(self.state_path, self.model, self.optimizer, info, self.scaler, self.averaged)
-            meta = {**self.info.to_dict(), "step": self.step, "epoch": self.epoch, "metrics": self.last_eval}
+            meta = {**self.info.to_dict(), "step": self.step, "total_steps": self.total_steps, "epoch": self.epoch}
+            meta["metrics"] = self.last_eval
             if self.averaged is not None:  # the run's model is the averaged one; the raw weights are in the state
                 meta["weights"] = polyak_label(self.cfg.optim.polyak, self.cfg.optim.polyak_warmup)
             model, extra, about = self.objective.export(self.eval_model)  # mpp: the ViT, its head kept as extras

@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # matplotlib is imported where a plot is drawn: runs without 
 
 METRICS_NAME = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+PLOT_NAMES = ("loss.png", "accuracy.png")  # plot_metrics' figures
 
 
 def topk_correct(logits: torch.Tensor, labels: torch.Tensor, ks: tuple[int, ...] = (1, 5)) -> list[int]:
@@ -70,11 +71,13 @@ class MetricsLog:
         if not self.path.is_file():
             return []
         out = []
-        for line in self.path.read_text().splitlines():
+        for line in self.path.read_text(encoding="utf-8", errors="replace").splitlines():
             try:
-                out.append(json.loads(line))
+                record = json.loads(line)
             except json.JSONDecodeError:  # a line cut short by a kill
                 continue
+            if isinstance(record, dict):  # a line cut to a bare number is no record either
+                out.append(record)
         return out
 
     def truncate(self, step: int) -> None:
@@ -98,7 +101,8 @@ def plot_metrics(
     mixup or cutmix the train loss is against soft targets and sits above the eval loss: its legend says so."""
     out_dir = Path(out_dir)
     figure = loss_figure(records, label_smoothing=label_smoothing, mixup=mixup, cutmix=cutmix)
-    return [save_figure(figure, out_dir / "loss.png"), save_figure(accuracy_figure(records), out_dir / "accuracy.png")]
+    loss, accuracy = (out_dir / name for name in PLOT_NAMES)
+    return [save_figure(figure, loss), save_figure(accuracy_figure(records), accuracy)]
 
 
 def train_loss_label(label_smoothing: float = 0.0, mixup: float = 0.0, cutmix: float = 0.0) -> str:

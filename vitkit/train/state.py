@@ -58,15 +58,16 @@ def save_train_state(
     )
 
 
-def read_train_state(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """(JSON document, tensors) of a training state file; a clear error if it is not one."""
+def read_train_state(path: str | Path, tensors: bool = True) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """(JSON document, tensors) of a training state file; a clear error if it is not one. ``tensors=False`` reads
+    the header alone (the document, no tensor)."""
     path = Path(path)
     if not path.is_file():
         raise UserFileNotFoundError(f"{path}: no training state to resume from")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
+            found = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}  # noqa: SIM118 (no __iter__)
     except SafetensorError as e:  # safetensors' own type, for a bad header, a truncated body, a wrong dtype, ...
         raise UserError(f"{path}: not a readable training state ({e})") from None
     if _META_KEY not in meta:
@@ -76,7 +77,7 @@ def read_train_state(path: str | Path) -> tuple[dict[str, Any], dict[str, torch.
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: the training state's {_META_KEY!r} metadata is not valid JSON ({e})") from None
     _check_document(path, doc)
-    return doc, tensors
+    return doc, found
 
 
 MAX_STEP = 10**10  # far beyond any run; a larger step is an edited or corrupt state, not a long run
@@ -110,6 +111,28 @@ def _check_document(path: Path, doc: Any) -> None:
         raise UserError(f"{where}: time or metrics is not of the kind vitkit writes (a number, an object)")
 
 
+def _load_weights(module: nn.Module, saved: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Load saved weights strictly, or a one-line UserError saying how they differ from the module's."""
+    own = module.state_dict()
+    missing, unexpected = sorted(set(own) - set(saved)), sorted(set(saved) - set(own))
+    shapes = [
+        f"{k} {tuple(saved[k].shape)} not {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in saved and saved[k].shape != v.shape
+    ]
+    if missing or unexpected or shapes:
+        differ = [
+            f"{what} {items[:3]}{' ...' if len(items) > 3 else ''}"
+            for what, items in (("missing", missing), ("unexpected", unexpected), ("shapes", shapes))
+            if items
+        ]
+        raise UserError(
+            f"{path}: the saved model does not fit the configured one ({'; '.join(differ)}); a resume keeps the "
+            "run's model, with run.resume_with_changes too: start a new run (run.init_from) to change it"
+        )
+    module.load_state_dict(saved)
+
+
 def load_train_state(
     path: str | Path,
     model: nn.Module,
@@ -123,14 +146,8 @@ def load_train_state(
         saved = {k[len("averaged.") :]: v for k, v in tensors.items() if k.startswith("averaged.")}
         if not saved:
             raise UserError(f"{path}: no averaged weights to resume optim.polyak from (the run did not average)")
-        averaged.load_state_dict(saved)
-    model_state = {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}
-    missing, unexpected = model.load_state_dict(model_state, strict=False)
-    if missing or unexpected:
-        raise UserError(
-            f"{path}: the saved model does not match the configured one (missing {sorted(missing)[:5]}, "
-            f"unexpected {sorted(unexpected)[:5]}); was the config changed since the run started?"
-        )
+        _load_weights(averaged, saved, path)
+    _load_weights(model, {k[len("model.") :]: v for k, v in tensors.items() if k.startswith("model.")}, path)
     state: dict[int, dict[str, Any]] = {}
     for key, value in tensors.items():
         if key.startswith("optim."):
