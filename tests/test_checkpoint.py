@@ -303,6 +303,24 @@ def test_hf_reads_our_export(tmp_path):
     assert load_model(directory, return_metadata=True)[1] == said
 
 
+def test_a_grey_model_exported_to_hf_works_in_the_transformers_pipeline(tmp_path):
+    """transformers' pipelines give RGB pixels: the 1-channel model is written with its luma weights folded into
+    the patch embedding, so the pipeline's scores are vitkit's, exactly on a grey image, within PIL's rounding of
+    the luma on a colour one."""
+    import transformers
+    from PIL import Image
+
+    model, names = tiny(in_chans=1, img_size=16), ["cat", "dog", "emu", "fox", "gnu"]
+    directory = save_hf(model, tmp_path / "hf", class_names=names)
+    classify = transformers.pipeline("image-classification", model=str(directory), top_k=5)
+    pixels = np.random.default_rng(0).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    for image, tolerance in [(Image.fromarray(pixels[..., 0], "L"), 1e-5), (Image.fromarray(pixels, "RGB"), 2e-3)]:
+        with torch.no_grad():
+            ours = model(vitkit.preprocess(model, [image])).softmax(-1)[0]
+        theirs = {row["label"]: row["score"] for row in classify(image)}
+        torch.testing.assert_close(torch.tensor([theirs[n] for n in names]), ours, rtol=0, atol=tolerance)
+
+
 def test_hf_export_refuses_what_hf_cannot_express():
     with pytest.raises(ValueError, match="class token only, not classifier=.gap."):
         vitkit_to_hf(tiny(classifier="gap"))

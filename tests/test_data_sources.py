@@ -29,6 +29,7 @@ from torch.utils.data import IterableDataset
 from vitkit.cli import main as cli_main
 from vitkit.data import DataConfig, build_datasets
 from vitkit.data.digits import load_digits_arrays
+from vitkit.data.manifest import manifest_samples
 from vitkit.errors import UserError
 from vitkit.optional import MissingDependencyError
 from vitkit.train import Trainer, config_from_dict
@@ -195,6 +196,33 @@ def test_hf_labels_of_minus_one_are_no_labels_not_a_class(tmp_path, kind):
     datasets.DatasetDict({"train": part(False, one_missing), "test": part(True, list)}).save_to_disk(tmp_path / "b")
     with pytest.raises(UserError, match="train row 5 has label -1, no label \\(1 in all\\)"):
         build_datasets(DataConfig(source="hf", root=str(tmp_path / "b"), **PLAIN))
+    if kind == "plain ints":  # one stray 1000 is not a 1001-class problem
+        stray = datasets.DatasetDict(
+            {"train": part(False, lambda ys: [1000, *map(int, ys[1:])]), "test": part(True, list)}
+        )
+        stray.save_to_disk(tmp_path / "c")
+        with pytest.raises(
+            UserError, match=r"train row 0 has label 1000, but only 11 of the 1001 classes 0..1000 have"
+        ):
+            build_datasets(DataConfig(source="hf", root=str(tmp_path / "c"), **PLAIN))
+
+
+def test_an_hf_image_that_cannot_be_read_is_named_by_its_row(tmp_path):
+    images, labels, _ = digits_uint8()
+    cells = [{"bytes": png(images[i]), "path": None} for i in range(12)]
+    cells[7] = {"bytes": png(images[7])[:40], "path": None}  # cut short
+    cells[9] = {"bytes": None, "path": "/etc/passwd"}  # a path to something else than an image
+    features = datasets.Features({"image": datasets.Image(), "label": datasets.Value("int64")})
+    table = datasets.Dataset.from_dict({"image": cells, "label": [int(y) for y in labels[:12]]}, features=features)
+    datasets.DatasetDict({"train": table, "test": table}).save_to_disk(tmp_path / "d")
+    config = DataConfig(source="hf", root=str(tmp_path / "d"), **PLAIN)
+    train, _, _ = build_datasets(config)
+    for row in (7, 9):
+        with pytest.raises(
+            UserError, match=rf"data.root='{tmp_path / 'd'}' train split: row {row}: cannot read its image \("
+        ):
+            train[row]
+    assert train[8][1] == int(labels[8])
 
 
 def test_hf_held_out_fraction_is_the_folder_rule(tmp_path):
@@ -268,6 +296,28 @@ def stream(ds, **kw) -> list[tuple[list[int], list[str]]]:
     return [(y.tolist(), [as_key(xi, 0)[1] for xi in x]) for x, y in ds.batches(**args)]
 
 
+def test_wds_class_indices_out_of_range_are_named_before_training(tmp_path, capsys):
+    """A negative cls, a cls beyond the manifest's classes, and (counted shards) a stray large one that would add
+    classes: each named with its shard before any step."""
+    rows = digits_rows(False)[:40]
+    for n, (bad, folder) in enumerate([(-3, "neg"), (99, "stray")]):
+        write_tar_shards(tmp_path / folder, "train", [*rows[:20], (rows[20][0], rows[20][1], bad), *rows[21:]], 20)
+        write_tar_shards(tmp_path / folder, "val", rows[:10], 10)
+        data = DataConfig(
+            source="wds",
+            root=str(tmp_path / folder / "train-*.tar"),
+            val_root=str(tmp_path / folder / "val-*.tar"),
+            **PLAIN,
+        )
+        want = "a sample has cls -3, expected a class index from 0" if n == 0 else "a sample has cls 99, but only"
+        with pytest.raises(UserError, match=f"{tmp_path / folder}/train-0001.tar: {want}"):
+            build_datasets(data)
+    from vitkit.data.wds import decode
+
+    with pytest.raises(UserError, match=r"x.tar: sample 'k' has cls 10, expected a class index from 0 to 9"):
+        decode({"__url__": "x.tar", "__key__": "k", "png": rows[0][1], "cls": b"10"}, 10)
+
+
 def test_wds_order_is_independent_of_workers_and_resumes_exactly(tmp_path, capsys):
     write_tar_shards(tmp_path / "s", "train", digits_rows(False)[:200], 50)
     write_tar_shards(tmp_path / "s", "val", digits_rows(True)[:20], 50)
@@ -331,6 +381,22 @@ def test_vitkit_shard_writes_what_it_reads(tmp_path, capsys):
     capsys.readouterr()
     assert cli_main(["shard", "digits", str(tmp_path / "out")]) == 2
     assert "already holds manifest.json; choose an empty directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change", [-5, +5])
+def test_a_manifest_count_that_is_not_its_shards_is_named(tmp_path, capsys, change):
+    """Too small would leave samples unused, too big would end a stream early: either is named with the shard."""
+    assert cli_main(["shard", "digits", str(tmp_path / "out"), "--shard-size", "500"]) == 0
+    doc = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    for split in ("train", "val"):
+        doc["splits"][split]["shards"][0]["count"] += change
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(doc))
+    train, held, _ = build_datasets(DataConfig(source="wds", root=str(tmp_path / "out"), **PLAIN))
+    said = "more than the 495" if change < 0 else "500, not the 505"
+    with pytest.raises(UserError, match=f"train-000000.tar: holds {said} samples its manifest gives; shard again"):
+        stream(train, batch_size=500, accum_steps=1, total_steps=3)
+    with pytest.raises(UserError, match="val-000000.tar: holds .* samples its manifest gives"):
+        list(held)
 
 
 def _files(directory: Path) -> dict[str, bytes]:
@@ -456,6 +522,23 @@ def test_manifest_files_with_splits(tmp_path, fmt):
     (tmp_path / "bad.csv").write_text("path,label\nimg/none.png,digit1\n")
     with pytest.raises(UserError, match="image files not found: img/none.png"):
         build_datasets(DataConfig(source="manifest", root=str(tmp_path / "bad.csv"), **PLAIN))
+
+
+def test_a_manifest_with_a_byte_order_mark_reads_and_one_not_in_utf8_is_named(tmp_path):
+    """Excel's "CSV UTF-8" starts with a byte-order mark; a latin-1 file is refused naming its line."""
+    images, labels, _ = digits_uint8()
+    (tmp_path / "img").mkdir()
+    lines = ["path,label"]
+    for i in range(20):
+        (tmp_path / f"img/{i}.png").write_bytes(png(images[i]))
+        lines.append(f"img/{i}.png,chiffre {labels[i]}")
+    (tmp_path / "bom.csv").write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode())
+    names, parts = manifest_samples(tmp_path / "bom.csv")
+    assert len(parts["train"]) == 20 and names == sorted({f"chiffre {k}" for k in labels[:20]})
+    lines[3] = lines[3].replace("chiffre", "caf\xe9")
+    (tmp_path / "latin1.csv").write_bytes("\n".join(lines).encode("latin-1"))
+    with pytest.raises(UserError, match=r"latin1.csv: line 4 is not UTF-8 \(byte 0xe9\); save the manifest as UTF-8$"):
+        manifest_samples(tmp_path / "latin1.csv")
 
 
 def test_data_prefixes_name_the_sources():

@@ -31,6 +31,7 @@ from vitkit.cli import main
 from vitkit.models import MODELS, registry
 from vitkit.predict import load_for_inference
 from vitkit.pretrained import PRETRAINED, PretrainedRow, list_pretrained, resolve_pretrained
+from vitkit.pretrained.download import download_url
 
 # a tiny ViT with an ImageNet-1k head, so the released class names apply to it
 TINY = dict(img_size=16, patch_size=4, width=32, depth=2, num_heads=2, mlp_dim=64, num_classes=1000)
@@ -157,6 +158,14 @@ def test_download_lands_in_the_cache_once(server, cache):
     assert resolve_pretrained(row.tag, table, progress=False)[0] == path
     assert server.gets("/vit_models/x%2By/tiny.npz") == 1  # the cached file is used without any request
     assert released.cached_path(row) == path and leftovers(cache) == []
+
+
+def test_a_download_outside_the_cache_leaves_no_lock_file_beside_it(server, cache, tmp_path):
+    server.routes["/file.bin"] = Route(b"x" * 100)
+    (tmp_path / "mine").mkdir()
+    got = download_url(f"{server.url}/file.bin", tmp_path / "mine" / "file.bin", size=100, progress=False)
+    assert got.read_bytes() == b"x" * 100
+    assert sorted(p.name for p in (tmp_path / "mine").iterdir()) == ["file.bin"]
 
 
 def test_cache_location_follows_the_environment(monkeypatch, tmp_path):
@@ -419,16 +428,19 @@ def test_predict_and_convert_take_a_tag(tagged, tmp_path, capsys):
     assert read_checkpoint(tmp_path / "converted").preprocessing == prep  # the row's record, classes and all
 
 
-def test_models_lists_the_pretrained_tags(tagged, capsys):
+def test_models_lists_the_pretrained_tags(tagged, capsys, server, monkeypatch):
     assert main(["models", "--pretrained", "vit_b16.augreg*"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["tag", "res", "classes", "cached", "source"]
-    assert [line.split()[0] for line in lines[1:]] == list_pretrained("vit_b16.augreg*")
+    assert [line.split()[0] for line in lines[1:-1]] == list_pretrained("vit_b16.augreg*")
+    assert lines[-1].startswith("cached (checked against the release): sha256 = the exact file;")
     assert "storage.googleapis.com/vit_models/augreg/B_16-i21k-300ep" in lines[1]
     vitkit.load_model("vit_ti16.test_npz")
     assert main(["models", "--pretrained", "test_npz"]) == 0
     row = capsys.readouterr().out.splitlines()[1].split()
-    assert row[:5] == ["vit_ti16.test_npz", "16", "imagenet-1k", "cached", "(verified)"]
+    assert row[:5] == ["vit_ti16.test_npz", "16", "imagenet-1k", "cached", "(arch)"]  # the row gives no size
+    monkeypatch.setitem(PRETRAINED, "vit_ti16.test_npz", url_row(server, "/t/tiny.npz", size=7, sha256="ab" * 32))
+    assert released.cache_status(PRETRAINED["vit_ti16.test_npz"]) == "cached (sha256+size+arch)"
     assert main(["models", "--pretrained", "nothing-like-this"]) == 2
 
 

@@ -146,7 +146,7 @@ def test_a_verified_file_that_changes_later_is_named_with_how_to_fetch_it_again(
     record = json.loads(path.with_name(path.name + released.VERIFIED_SUFFIX).read_text())
     assert record["sha256"] == hashlib.sha256(data).hexdigest() and record["tag"] == row.tag
     assert main(["models", "--pretrained", "test_npz"]) == 0
-    assert "cached (verified)" in capsys.readouterr().out
+    assert "cached (arch)" in capsys.readouterr().out
     # flip one byte of one array's data: still a valid zip directory, another file
     corrupt = bytearray(data)
     corrupt[len(data) // 2] ^= 0xFF

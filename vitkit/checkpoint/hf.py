@@ -7,6 +7,7 @@ exact GELU and LayerNorm eps 1e-12; official weights need hidden_act="gelu_pytor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -65,6 +66,7 @@ TOP_MAP = {
     **_params({"pre_logits": "pooler.dense"}),
 }
 HEAD_MAP = _params({"head": "classifier"})
+LUMA = (0.299, 0.587, 0.114)  # ITU-R 601-2 luma: PIL's convert("L"), how a 1-channel model's images are made grey
 
 
 # --------------------------------------------------------------------------------------------------- reading
@@ -268,7 +270,11 @@ def save_hf(
     preprocessing: Preprocessing | None = None,
 ) -> Path:
     """Write the files transformers' from_pretrained and pipelines read: config.json (class names as id2label),
-    model.safetensors and the preprocessing record (default: the model's own) as preprocessor_config.json."""
+    model.safetensors and the preprocessing record (default: the model's own) as preprocessor_config.json.
+
+    A 1-channel model is written as a 3-channel one, since transformers' image processors and pipelines give RGB
+    pixels: its patch embedding weights R, G and B as PIL's ``convert("L")`` does (LUMA), each channel normalised as
+    the grey one was, so that it gives the grey model's outputs on the image's luma (exactly on a grey image)."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -277,6 +283,11 @@ def save_hf(
     names = class_names or prep.class_names
     id2label = dict(enumerate(names)) if names and len(names) == cfg.num_classes else None
     hf_config, state = vitkit_to_hf(model, id2label)
+    if cfg.in_chans == 1:
+        key = ("vit." if cfg.num_classes else "") + TOP_MAP["patch_embed.proj.weight"]
+        state[key] = state[key] * torch.tensor(LUMA, dtype=state[key].dtype).view(1, 3, 1, 1)
+        hf_config.num_channels = 3
+        prep = dataclasses.replace(prep, in_chans=3, mean=prep.mean * 3, std=prep.std * 3)
     architectures = ["ViTForImageClassification"] if cfg.num_classes else ["ViTModel"]
     doc = {**hf_config.to_dict(), "architectures": architectures, "model_type": "vit"}
     processor = prep.to_hf_processor()

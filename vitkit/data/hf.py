@@ -9,10 +9,11 @@ data.label_column, else the first ``Image`` / ``ClassLabel`` feature, else a usu
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import io
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -159,8 +160,9 @@ class HFImageDataset(Dataset):
         label_column: str,
         transform: Callable[[Image.Image], torch.Tensor],
         label_index: dict[Any, int] | None = None,
+        where: str = "data.source=hf",
     ) -> None:
-        self.table = table
+        self.table, self.where = table, where
         self.rows = list(range(len(table))) if rows is None else list(rows)
         self.image_column, self.label_column = image_column, label_column
         self.transform = transform
@@ -182,12 +184,22 @@ class HFImageDataset(Dataset):
 
     def raw(self, index: int) -> tuple[Image.Image, int]:
         """(the image as stored, decoded; its label index) of item ``index``, without preprocessing."""
-        row = self.table[self.rows[index]]
-        return to_pil(row[self.image_column]), self.label_of(row[self.label_column])
+        with self._naming_the_row(index):
+            row = self.table[self.rows[index]]
+            return to_pil(row[self.image_column]), self.label_of(row[self.label_column])
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image, label = self.raw(index)
-        return self.transform(image), label  # the transform decodes (a training crop of a JPEG cell: reduced)
+        with self._naming_the_row(index):
+            return self.transform(image), label  # the transform decodes (a training crop of a JPEG cell: reduced)
+
+    @contextlib.contextmanager
+    def _naming_the_row(self, index: int) -> Iterator[None]:
+        """An image that cannot be read (truncated, a bomb, not an image) as a UserError naming its row."""
+        try:
+            yield
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError, UserError) as e:
+            raise UserError(f"{self.where}: row {self.rows[index]}: cannot read its image ({e})") from None
 
 
 def _unlabelled(value: Any) -> bool:
@@ -205,6 +217,7 @@ def build_hf_parts(
 ) -> tuple[HFImageDataset, HFImageDataset, list[str]]:
     """(train, eval, class names) of ``hf:WHERE`` (see the module docstring for the splits and columns)."""
     train_table, eval_table = pick_splits(load_hf(where), where)
+    source = f"data.root={where!r}"
     image, label = image_and_label_columns(train_table.features, image_column, label_column)
     train_labels = list(train_table[label])
     eval_labels = list(eval_table[label]) if eval_table is not None else []
@@ -215,14 +228,21 @@ def build_hf_parts(
         if rows := [i for i, v in enumerate(labels) if _unlabelled(v)]:
             raise UserError(f"data.root={where!r}: {split} row {rows[0]} has label -1, no label ({len(rows)} in all)")
     names, index = class_names_of(train_table.features[label], train_labels + eval_labels)
+    if index is None and len(found := set(train_labels + eval_labels)) < len(names):  # indices with gaps
+        split, labels = ("train", train_labels) if len(names) - 1 in train_labels else ("evaluation", eval_labels)
+        raise UserError(
+            f"data.root={where!r}: {split} row {labels.index(len(names) - 1)} has label {len(names) - 1}, but only "
+            f"{len(found)} of the {len(names)} classes 0..{len(names) - 1} have rows; labels are class indices "
+            "0..K-1 (or a ClassLabel column)"
+        )
     if eval_table is not None:
-        train = HFImageDataset(train_table, None, image, label, train_tf, index)
-        return train, HFImageDataset(eval_table, None, image, label, eval_tf, index), names
+        train = HFImageDataset(train_table, None, image, label, train_tf, index, f"{source} train split")
+        return train, HFImageDataset(eval_table, None, image, label, eval_tf, index, f"{source} eval split"), names
     if val_fraction <= 0:
         raise UserError(f"data.root={where!r}: no evaluation split; set a data.val_fraction > 0 to hold some out")
     as_index = [int(v) if index is None else index[v] for v in train_labels]
     train_rows, eval_rows = stratified_split(as_index, val_fraction, split_seed)
     if not eval_rows:
         raise UserError(f"data.root={where!r}: too few rows to hold out {val_fraction:.0%} for evaluation")
-    train = HFImageDataset(train_table, train_rows, image, label, train_tf, index)
-    return train, HFImageDataset(train_table, eval_rows, image, label, eval_tf, index), names
+    train = HFImageDataset(train_table, train_rows, image, label, train_tf, index, f"{source} train split")
+    return train, HFImageDataset(train_table, eval_rows, image, label, eval_tf, index, f"{source} train split"), names

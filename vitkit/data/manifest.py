@@ -28,7 +28,13 @@ def read_image_manifest(path: str | Path) -> list[dict[str, str]]:
     path = Path(path)
     if not path.is_file():
         raise UserFileNotFoundError(f"{path}: manifest file not found")
-    text = path.read_text(encoding="utf-8")
+    try:  # utf-8-sig: Excel's "CSV UTF-8" starts with a byte-order mark
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = path.read_bytes()[: e.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}: line {line} is not UTF-8 (byte {e.object[e.start]:#x}); save the manifest as UTF-8"
+        ) from None
     rows: list[Any]
     if path.suffix.lower() in (".json", ".jsonl"):
         try:

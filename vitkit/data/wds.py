@@ -101,13 +101,21 @@ def find_shards(where: str, split: str = "train") -> Shards | None:
     known = _manifest_counts(paths)
     if known is not None:
         return Shards(paths, known[0], known[1])
-    counts, top = [], -1
+    counts, found, top = [], set(), (-1, "")
     for path in paths:  # one pass reading every shard (the class entries only are parsed)
         labels = [int(s["cls"]) for s in read_shard(path) if "cls" in s]
         counts.append(len(labels))
-        top = max([top, *labels])
+        found.update(labels)
+        if labels and min(labels) < 0:
+            raise UserError(f"{path}: a sample has cls {min(labels)}, expected a class index from 0")
+        top = max([top, *((k, path) for k in labels)])
     print(f"wds: counted {sum(counts)} samples in {len(paths)} shards (no {MANIFEST_NAME} beside them)", flush=True)
-    return Shards(paths, counts, [str(k) for k in range(top + 1)])
+    if split == "train" and len(found) < top[0] + 1:  # a stray label is no new class
+        raise UserError(
+            f"{top[1]}: a sample has cls {top[0]}, but only {len(found)} of the {top[0] + 1} classes 0..{top[0]} have "
+            "samples in the training shards; cls is a class index 0..K-1"
+        )
+    return Shards(paths, counts, [str(k) for k in range(top[0] + 1)])
 
 
 def _manifest_counts(paths: Sequence[str]) -> tuple[list[int], list[str]] | None:
@@ -129,8 +137,23 @@ def read_shard(path: str) -> Iterator[Sample]:
     yield from wds.tariterators.tarfile_samples([{"url": path}])
 
 
-def decode(sample: Sample) -> tuple[Image.Image, int]:
-    """(image, class index) of a raw sample, the image opened but not decoded."""
+def counted(path: str, count: int) -> Iterator[Sample]:
+    """read_shard's samples, checked against the count the shard's manifest gives (read to its end: all of them)."""
+    seen = 0
+    for seen, sample in enumerate(read_shard(path), start=1):
+        if seen > count:
+            break
+        yield sample
+    if seen != count:
+        more = "more than" if seen > count else f"{seen}, not"
+        raise UserError(
+            f"{path}: holds {more} the {count} samples its manifest gives; shard again, or remove the manifest to count"
+        )
+
+
+def decode(sample: Sample, num_classes: int | None = None) -> tuple[Image.Image, int]:
+    """(image, class index) of a raw sample, the image opened but not decoded; the index checked against
+    num_classes."""
     image_key = next((k for k in IMAGE_KEYS if k in sample), None)
     if image_key is None or "cls" not in sample:
         raise UserError(
@@ -142,6 +165,10 @@ def decode(sample: Sample) -> tuple[Image.Image, int]:
         label = int(sample["cls"].decode() if isinstance(sample["cls"], bytes) else sample["cls"])
     except (OSError, ValueError, SyntaxError) as e:
         raise UserError(f"{sample.get('__url__')}: cannot read sample {sample.get('__key__')!r} ({e})") from None
+    if label < 0 or (num_classes is not None and label >= num_classes):
+        classes = f"from 0 to {num_classes - 1}" if num_classes is not None else "from 0"
+        where = f"{sample.get('__url__')}: sample {sample.get('__key__')!r}"
+        raise UserError(f"{where} has cls {label}, expected a class index {classes}")
     return image, label
 
 
@@ -170,8 +197,11 @@ def shuffled(samples: Iterator[Sample], size: int, rng: random.Random) -> Iterat
 class WebDatasetStream(IterableDataset):
     """Training shards as a stream, read by ``batches()``; iterating yields every sample in shard order."""
 
-    def __init__(self, shards: Shards, transform: Transform, shuffle_buffer: int = 1000) -> None:
+    def __init__(
+        self, shards: Shards, transform: Transform, shuffle_buffer: int = 1000, num_classes: int | None = None
+    ) -> None:
         self.shards, self.transform, self.shuffle_buffer = shards, transform, shuffle_buffer
+        self.num_classes = num_classes
         self.num_skipped = 0
         self.record_keys: list[str] | None = None  # when a list: keys of the samples this process decodes
 
@@ -179,9 +209,9 @@ class WebDatasetStream(IterableDataset):
         return self.shards.total
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
-        for path in self.shards.paths:
-            for sample in read_shard(path):
-                image, label = decode(sample)
+        for path, count in zip(self.shards.paths, self.shards.counts):
+            for sample in counted(path, count):
+                image, label = decode(sample, self.num_classes)
                 yield transformed(self.transform, image, sample), label
 
     def block(self, epoch: int, seed: int, start: int, stop: int) -> Iterator[Sample]:
@@ -191,7 +221,7 @@ class WebDatasetStream(IterableDataset):
         for i in order.tolist():
             count = self.shards.counts[i]
             if offset + count > start and offset < stop:
-                for j, sample in enumerate(read_shard(self.shards.paths[i])):
+                for j, sample in enumerate(counted(self.shards.paths[i], count)):
                     if start <= offset + j < stop:
                         yield sample
             offset += count
@@ -274,7 +304,7 @@ class _Plan(IterableDataset):
     def _collate(self, batch: list[Sample], epoch: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         images, labels = [], []
         for i, sample in enumerate(batch):
-            image, label = decode(sample)
+            image, label = decode(sample, self.stream.num_classes)
             torch.manual_seed(mix(self.seed, epoch, self.rank, micro * self.per_rank + i))  # the augmentation
             images.append(transformed(self.stream.transform, image, sample))
             labels.append(label)
@@ -286,8 +316,8 @@ class _Plan(IterableDataset):
 class WebDatasetItems(IterableDataset):
     """Evaluation shards in order, as (image tensor, label) items; DataLoader workers take shards in turn."""
 
-    def __init__(self, shards: Shards, transform: Transform) -> None:
-        self.shards, self.transform = shards, transform
+    def __init__(self, shards: Shards, transform: Transform, num_classes: int | None = None) -> None:
+        self.shards, self.transform, self.num_classes = shards, transform, num_classes
         self.num_skipped = 0
 
     def __len__(self) -> int:
@@ -296,9 +326,10 @@ class WebDatasetItems(IterableDataset):
     def __iter__(self) -> Iterator[tuple[torch.Tensor, int]]:
         info = get_worker_info()
         worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
-        for path in self.shards.paths[worker::workers]:
-            for sample in read_shard(path):
-                image, label = decode(sample)
+        shards = list(zip(self.shards.paths, self.shards.counts))
+        for path, count in shards[worker::workers]:
+            for sample in counted(path, count):
+                image, label = decode(sample, self.num_classes)
                 yield transformed(self.transform, image, sample), label
 
 
@@ -319,4 +350,5 @@ def build_wds_parts(
     names = train.class_names or held.class_names or []
     if held.class_names and len(held.class_names) > len(names):  # counted shards: classes 0..the largest label
         names = held.class_names
-    return WebDatasetStream(train, train_tf, shuffle_buffer), WebDatasetItems(held, eval_tf), names
+    classes = len(names) or None
+    return WebDatasetStream(train, train_tf, shuffle_buffer, classes), WebDatasetItems(held, eval_tf, classes), names

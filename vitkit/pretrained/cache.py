@@ -288,11 +288,22 @@ def _record_verified(row: PretrainedRow, weights: Path) -> None:
 
 
 def cache_status(row: PretrainedRow) -> str:
-    """For listings: "no", or "cached (...)": verified, unverified, changed, wrong file or unreadable."""
+    """For listings: "no", or "cached (...)": what of the file was checked against its release (CHECKS: sha256,
+    size, arch), "not checked yet" before its first use, or changed, wrong file or unreadable."""
     path = cached_path(row)
     if path is None:
         return "no"
     problem = _cache_problem(row, path)
     if problem is not None:
         return f"cached ({problem[0]})"
-    return "cached (verified)" if _sidecar(weights_file(row, path)).is_file() else "cached (unverified)"
+    if not _sidecar(weights_file(row, path)).is_file():
+        return "cached (not checked yet)"
+    published = (("sha256", row.sha256), ("size", row.size or row.listed_size), ("arch", True))
+    return f"cached ({'+'.join(name for name, given in published if given)})"
+
+
+CHECKS = (
+    "cached (checked against the release): sha256 = the exact file; size = its byte count; arch = the architecture "
+    "its tag names. Without a published sha256, a file of that architecture and size with other weights is not "
+    "detected; its sha256 is recorded at its first use, so a later change is."
+)

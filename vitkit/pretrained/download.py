@@ -36,14 +36,17 @@ def _hub_offline() -> bool:
 
 
 def _lock(path: Path):
-    """An inter-process lock for one cache entry, kept apart from the files (<cache>/.locks/...)."""
+    """An inter-process lock for one destination, kept apart from the files (<cache>/.locks/...): one outside the
+    cache is locked there by its path's digest, so no lock file is left beside it."""
+    import hashlib
+
     from filelock import FileLock
 
     root = cache_dir()
     try:
         rel = path.relative_to(root)
-    except ValueError:  # a destination outside the cache: lock beside it
-        return FileLock(str(path.with_name(f".{path.name}.lock")))
+    except ValueError:
+        rel = Path("outside") / hashlib.sha256(str(path.absolute()).encode()).hexdigest()[:32]
     lock = root / ".locks" / rel.with_name(rel.name + ".lock")
     lock.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(lock))
