@@ -541,6 +541,24 @@ def test_a_manifest_with_a_byte_order_mark_reads_and_one_not_in_utf8_is_named(tm
         manifest_samples(tmp_path / "latin1.csv")
 
 
+def test_verify_finds_a_manifests_bad_image_before_training_and_is_refused_where_there_are_no_files(tmp_path):
+    images, labels, _ = digits_uint8()
+    (tmp_path / "img").mkdir()
+    lines = ["path,label,split"]
+    for i in range(30):
+        (tmp_path / f"img/{i}.png").write_bytes(png(images[i]) if i != 25 else b"not a png")
+        lines.append(f"img/{i}.png,{labels[i]},{'val' if i >= 20 else 'train'}")
+    (tmp_path / "m.csv").write_text("\n".join(lines))
+    with pytest.raises(UserError, match=r"img/25.png"):
+        build_datasets(DataConfig(source="manifest", root=str(tmp_path / "m.csv"), verify=True, **PLAIN))
+    for key in ("skip_corrupt", "verify"):
+        for source in ("hf", "wds"):
+            with pytest.raises(
+                UserError, match=rf"data.{key}=true: for image folders and manifests; data.source={source}"
+            ):
+                build_datasets(DataConfig(source=source, root=str(tmp_path), **{key: True}, **PLAIN))
+
+
 def test_data_prefixes_name_the_sources():
     from vitkit.train.config_files import data_section
 

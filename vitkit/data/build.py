@@ -55,6 +55,7 @@ def build_datasets(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
 
 def build_hf(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     """A Hugging Face dataset (``vitkit.data.hf``): its train / validation splits, or a held-out fraction."""
+    _no_file_checks(cfg)
     train, test, names = build_hf_parts(
         _root(cfg), cfg.image_column, cfg.label_column, cfg.val_fraction, cfg.split_seed, *_transforms(cfg)
     )
@@ -65,6 +66,7 @@ def build_wds(cfg: DataConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     """WebDataset shards (``vitkit.data.wds``): a stream for training, the val shards for evaluation."""
     if cfg.train_fraction < 1:
         raise UserError("data.train_fraction < 1 is not available for a stream (data.source=wds); shard a subset")
+    _no_file_checks(cfg)
     train, test, names = build_wds_parts(_root(cfg), cfg.val_root, cfg.shuffle_buffer, *_transforms(cfg))
     return train, test, _info(cfg, names)
 
@@ -75,7 +77,20 @@ def build_manifest(cfg: DataConfig) -> tuple[ImageFolderDataset, ImageFolderData
     train_tf, test_tf = _transforms(cfg)
     train = ImageFolderDataset(train_samples, train_tf, skip_corrupt=cfg.skip_corrupt)
     test = ImageFolderDataset(eval_samples, test_tf, skip_corrupt=cfg.skip_corrupt)
+    if cfg.verify:
+        train.verify()
+        test.verify()
     return train, test, _info(cfg, names)
+
+
+def _no_file_checks(cfg: DataConfig) -> None:
+    """data.skip_corrupt and data.verify act on image files (a folder, a manifest): refused where there are none."""
+    for key in ("skip_corrupt", "verify"):
+        if getattr(cfg, key):
+            raise UserError(
+                f"data.{key}=true: for image folders and manifests; data.source={cfg.source} names an unreadable "
+                "image by its row or sample when it is read"
+            )
 
 
 def keep_fraction(train: Dataset, fraction: float, seed: int) -> Dataset:

@@ -63,8 +63,8 @@ class DataConfig:
     cutmix_alpha: float = 0.0  # cutmix: a box pasted from another image, its share ~ Beta(alpha, alpha); 0: off
     mixup_switch_prob: float = 0.5  # with mixup and cutmix both on: the chance that a batch uses cutmix
     eval_crop_fraction: float = 1.0  # evaluation: 1 = resize the whole image; < 1 = resize larger, centre-crop
-    skip_corrupt: bool = False  # skip (and count) unreadable images instead of stopping with an error
-    verify: bool = False  # decode every folder image when the dataset is built, to find corrupt files up front
+    skip_corrupt: bool = False  # folders, manifests: skip (and count) unreadable images instead of an error
+    verify: bool = False  # folders, manifests: decode every image when the data is built, to find bad files
     num_workers: int = 0  # DataLoader worker processes
     synthetic_size: int = 256  # synthetic: number of images (train + eval)
     synthetic_classes: int = 4  # synthetic: number of classes
