@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import UserError
 from ..io import DirectoryLock
 from ..train.engine import NO_HOOKS, RunHooks
-from .aggregate import Row, aggregate, write_figures, write_table
+from .aggregate import Row, aggregate, claim_lines, claim_results, write_figures, write_table
 from .probes import write_attention_figures
 from .run import SweepRun, plan_cells, run_cells
 from .spec import Cell, SweepSpec, load_spec, shipped_sweeps
@@ -71,6 +71,8 @@ def run_sweep(
             done = run_cells(plans, jobs, log, force)
         rows, records = aggregate(spec, cells, out, done.failed)
         files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
+        for line in claim_lines(claim_results(spec, records)):
+            log(line)
         if spec.probes.attention_images:
             groups: dict[str, tuple[str, dict[str, Any], list[Path]]] = {}
             for cell in cells:

@@ -8,6 +8,7 @@ row: the mean, the sample standard deviation (none for one seed) and n, the seed
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import math
@@ -23,7 +24,8 @@ from ..train.metrics import METRICS_NAME, MetricsLog, save_figure
 from ..train.overrides import value_text
 from .probes import is_probe_metric, probe_metric
 from .run import run_status
-from .spec import FINETUNE, Cell, SweepSpec, finetune_name
+from .spec import FINETUNE, Cell, Claim, SweepSpec, finetune_name
+from .stats import LEVEL, compare
 
 TABLE_NAME = "sweep"  # sweep.csv, sweep.json, sweep.md
 
@@ -92,6 +94,41 @@ def aggregate(
     return rows, records
 
 
+def claim_results(spec: SweepSpec, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each claim of the spec tested on the finished runs (stats.compare): its rows' labels, the difference of the
+    means with its confidence interval, p, the test and the verdict (or why there is none)."""
+    results = []
+    for claim in spec.claims:
+        metric = claim.metric
+        sides = [
+            {r["seed"]: float(r[metric]) for r in records if Claim.matches(side, r) and r[metric] is not None}
+            for side in (claim.higher, claim.lower)
+        ]
+        found = compare(*sides)
+        result: dict[str, Any] = {"metric": claim.metric, "higher": Claim.label(claim.higher)}
+        result["lower"] = Claim.label(claim.lower)
+        if found is None:
+            result["verdict"] = f"untested: {len(sides[0])} and {len(sides[1])} seeds finished (2 or more each)"
+        else:
+            result.update(dataclasses.asdict(found), verdict=found.verdict)
+        results.append(result)
+    return results
+
+
+def claim_lines(results: list[dict[str, Any]]) -> list[str]:
+    """One line per tested claim, as the command prints it."""
+    lines = []
+    for r in results:
+        head = f"{r['metric']}: {r['higher']} > {r['lower']}"
+        if "p" not in r:
+            lines.append(f"{head}: {r['verdict']}")
+            continue
+        interval = f"[{_number(r['low'], 3)}, {_number(r['high'], 3)}]"
+        lines.append(f"{head}: {r['verdict']} (difference {_number(r['diff'], 3)}, {LEVEL:.0%} CI {interval}, "
+                     f"p = {_number(r['p'], 2)}, {r['test']})")  # fmt: skip
+    return lines
+
+
 def _number(x: float | None, digits: int = 4) -> str:
     return "" if x is None or math.isnan(x) else f"{x:.{digits}g}"
 
@@ -112,12 +149,14 @@ def write_table(spec: SweepSpec, rows: list[Row], records: list[dict[str, Any]],
     writer.writerows(table)
     csv_path, json_path, md_path = (out / f"{TABLE_NAME}.{ext}" for ext in ("csv", "json", "md"))
     atomic_write_text(csv_path, text.getvalue())
+    claims = claim_results(spec, records)
     doc = {
         "spec": str(spec.path),
         "axes": axes,
         "metrics": spec.metrics,
         "rows": [{**r.values, "n": r.n, "seeds": r.seeds, "mean": r.mean, "std": r.std} for r in rows],
         "runs": records,
+        "claims": claims,
     }
     atomic_write_text(json_path, json.dumps(doc, indent=1) + "\n")
     md = [f"# {spec.name}", "", "| " + " | ".join([*axes, "n", *spec.metrics]) + " |"]
@@ -130,6 +169,13 @@ def write_table(spec: SweepSpec, rows: list[Row], records: list[dict[str, Any]],
         ]
         md.append("| " + " | ".join(cells) + " |")
     md += ["", f"mean ± sample std over seeds; n: seeds finished of {len(spec.seeds)}."]
+    if claims:
+        md += ["", "## Claims", "", *(f"- {line}" for line in claim_lines(claims)), ""]
+        md.append(
+            f"Difference: the first row's mean minus the second's, with its {LEVEL:.0%} confidence interval; shown: "
+            f"the interval lies above zero (two-sided p < {1 - LEVEL:.2g}). A paired t-test over the seeds both rows "
+            "finished, else Welch's; each claim tested alone (no correction for their number)."
+        )
     atomic_write_text(md_path, "\n".join(md) + "\n")
     return [csv_path, json_path, md_path]
 

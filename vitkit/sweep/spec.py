@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ from .probes import Probes, parse_probes
 
 MAX_RUNS = 10_000  # runs in one sweep: each is a training run; a bigger grid is a typo or a job for a cluster
 SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics", "figure", "finetune", "probes",
-             "quick")  # fmt: skip
+             "claims", "quick")  # fmt: skip
 QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")
 PRETRAIN = "pretrain"  # a cell key, not a config key: ``pretrain: false`` trains the finetune stage from scratch
 FINETUNE = "finetune"  # the prefix of the finetune stage's metrics, and the suffix of its run directories
@@ -81,6 +81,24 @@ class Cell:
 
 
 @dataclass(frozen=True)
+class Claim:
+    """An ordering the experiment tests (stats.py): the row whose values match ``higher`` has the larger ``metric``
+    than the row matching ``lower``."""
+
+    metric: str
+    higher: tuple[tuple[str, Any], ...]
+    lower: tuple[tuple[str, Any], ...]
+
+    @staticmethod
+    def label(side: tuple[tuple[str, Any], ...]) -> str:
+        return ", ".join(f"{k}={value_text(v)}" for k, v in side)
+
+    @staticmethod
+    def matches(side: tuple[tuple[str, Any], ...], values: dict[str, Any]) -> bool:
+        return all(k in values and values[k] == v for k, v in side)
+
+
+@dataclass(frozen=True)
 class SweepSpec:
     path: Path
     config: str | dict[str, Any]
@@ -96,6 +114,7 @@ class SweepSpec:
     finetune_config: str | dict[str, Any] | None = None
     finetune_overrides: list[str] = field(default_factory=list)
     probes: Probes = field(default_factory=Probes)
+    claims: list[Claim] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -189,6 +208,35 @@ def _mappings(doc: Any, where: str) -> list[dict[str, Any]]:
     return [{str(k): v for k, v in c.items()} for c in items]
 
 
+def _claims(doc: Any, where: str, metrics: list[str], axes: list[str]) -> list[Claim]:
+    """``claims: [{metric: M, higher: {key: value, ...}, lower: {...}}]``, each side naming keys that vary."""
+    claims = []
+    for i, item in enumerate(_mappings(doc, where)):
+        at = f"{where}[{i}]"
+        if set(item) != {"metric", "higher", "lower"}:
+            raise UserError(f"{at}: expected the keys metric, higher and lower, got {sorted(item)}")
+        if item["metric"] not in metrics:
+            raise UserError(f"{at}: metric {item['metric']!r} is not one of the spec's metrics ({', '.join(metrics)})")
+        sides = []
+        for side in ("higher", "lower"):
+            chosen = _mapping(item[side], f"{at}.{side}")
+            if not chosen or not set(map(str, chosen)) <= set(axes):
+                raise UserError(f"{at}.{side}: expected values of keys that vary ({', '.join(axes)}), got {chosen!r}")
+            sides.append(tuple((str(k), _frozen(v)) for k, v in chosen.items()))
+        claims.append(Claim(str(item["metric"]), sides[0], sides[1]))
+    return claims
+
+
+def _check_claims(spec: SweepSpec, quick: bool) -> None:
+    """Each side of a claim is one row of the sweep (none is allowed in the quick variant, which may drop rows)."""
+    groups = [dict(g) for g in dict.fromkeys(c.group for c in spec.expand())] if spec.claims else []
+    for claim in spec.claims:
+        for side in (claim.higher, claim.lower):
+            found = sum(Claim.matches(side, g) for g in groups)
+            if found > 1 or (found == 0 and not quick):
+                raise UserError(f"{spec.path}: claims: {Claim.label(side)} is {found} rows of the sweep, not one")
+
+
 def _read_spec(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
     """The spec's path (a file, or a shipped spec's stem) and its top-level keys, checked."""
     name, path = str(name_or_path), Path(name_or_path)
@@ -274,4 +322,6 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
     for key in [k for k in (spec.figure_x, *spec.figure_lines) if k is not None]:
         if key not in spec.axes:
             raise UserError(f"{path}: figure: {key!r} is not a key that varies ({', '.join(spec.axes) or 'none'})")
+    spec = replace(spec, claims=_claims(doc.get("claims"), f"{path}: claims", spec.metrics, spec.axes))
+    _check_claims(spec, quick)
     return spec

@@ -1,0 +1,105 @@
+"""A sweep's claims: each ordering a spec claims is tested by the aggregate, and the test agrees with scipy's."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+from scipy import stats as scipy_stats
+
+from vitkit.errors import UserError
+from vitkit.sweep import load_spec, run_sweep, shipped_sweeps
+from vitkit.sweep.aggregate import claim_results
+from vitkit.sweep.stats import compare, t_critical, t_two_sided
+
+
+@pytest.mark.parametrize("df", [1, 2, 3.7, 9, 30, 400])
+def test_the_t_tail_and_quantile_are_scipys(df):
+    for t in (0.0, 0.05, 1.0, 2.5, 7.0, 60.0):
+        assert t_two_sided(t, df) == pytest.approx(2 * scipy_stats.t.sf(t, df), rel=1e-10, abs=1e-300)
+    assert t_critical(df) == pytest.approx(scipy_stats.t.ppf(0.975, df), rel=1e-9)
+
+
+def test_paired_when_the_seeds_match_else_welch_as_scipy_computes_them():
+    rng = random.Random(3)
+    high = {s: rng.gauss(0.6, 0.05) for s in range(5)}
+    low = {s: rng.gauss(0.5, 0.05) for s in range(5)}
+    paired = compare(high, low)
+    assert paired is not None and paired.test == "paired (5 seeds)"
+    want = scipy_stats.ttest_rel(list(high.values()), list(low.values()))
+    assert paired.p == pytest.approx(want.pvalue, rel=1e-9)
+    interval = want.confidence_interval(0.95)
+    assert (paired.low, paired.high) == pytest.approx((interval.low, interval.high), rel=1e-9)
+    apart = compare({s: high[s] for s in range(3)}, {s + 10: low[s] for s in range(4)})
+    want = scipy_stats.ttest_ind([high[s] for s in range(3)], [low[s] for s in range(4)], equal_var=False)
+    assert apart is not None and apart.test == "Welch (3, 4 seeds)" and apart.p == pytest.approx(want.pvalue, rel=1e-9)
+    assert compare({0: 1.0}, {0: 0.5}) is None  # one seed: nothing to test against
+    assert compare({0: 1.0, 1: 2.0}, {0: 0.0, 1: 1.0}).verdict == "shown"  # the same difference on every seed
+
+
+TINY = {
+    "model": {"name": "vit_ti16", "patch_size": 4, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
+    "data": {"source": "digits"},
+    "optim": {"name": "adamw", "lr": 1e-3, "batch_size": 32},
+    "schedule": {"steps": 80, "warmup_steps": 5},
+    "run": {"log_every": 10, "eval_every": 0, "save_every": 0, "plots": False, "threads": 1, "eval_batch_size": 512},
+}
+
+
+def _spec(path: Path, claims) -> Path:
+    doc = {
+        "config": TINY,
+        "grid": {"optim.lr": [0.01, 1e-6]},
+        "seeds": [0, 1, 2],
+        "metrics": ["eval_top1", "train.loss"],
+        "claims": claims,
+    }
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_sweeps_claims_are_tested_printed_and_written(tmp_path):
+    claims = [
+        {"metric": "eval_top1", "higher": {"optim.lr": 0.01}, "lower": {"optim.lr": 1e-6}},
+        {"metric": "train.loss", "higher": {"optim.lr": 0.01}, "lower": {"optim.lr": 1e-6}},
+    ]
+    lines: list[str] = []
+    run_sweep(_spec(tmp_path / "s.yaml", claims), tmp_path / "out", log=lines.append)
+    doc = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    for claim, metric in zip(doc["claims"], ("eval_top1", "train.loss")):
+        high = [r[metric] for r in sorted(doc["runs"], key=lambda r: r["seed"]) if r["optim.lr"] == 0.01]
+        low = [r[metric] for r in sorted(doc["runs"], key=lambda r: r["seed"]) if r["optim.lr"] == 1e-6]
+        want = scipy_stats.ttest_rel(high, low)  # recomputed from the runs' own numbers
+        assert claim["p"] == pytest.approx(want.pvalue, rel=1e-9) and claim["test"] == "paired (3 seeds)"
+    # a learning rate of 1e-6 learns nothing in 80 steps: its accuracy is lower, its loss higher
+    assert [c["verdict"] for c in doc["claims"]] == ["shown", "reversed"]
+    printed = [line for line in lines if line.startswith(("eval_top1:", "train.loss:"))]
+    assert printed[0].startswith("eval_top1: optim.lr=0.01 > optim.lr=1e-06: shown (difference ")
+    md = (tmp_path / "out" / "sweep.md").read_text()
+    assert "## Claims" in md and "- train.loss: optim.lr=0.01 > optim.lr=1e-06: reversed" in md
+    records = [{**r, "eval_top1": r["eval_top1"]} for r in doc["runs"] if r["seed"] == 0]
+    one_seed = claim_results(load_spec(tmp_path / "s.yaml"), records)
+    assert one_seed[0]["verdict"] == "untested: 1 and 1 seeds finished (2 or more each)"
+
+
+@pytest.mark.parametrize(
+    ("claim", "error"),
+    [
+        ({"metric": "eval_top5", "higher": {"optim.lr": 0.01}, "lower": {"optim.lr": 1e-6}}, "is not one of"),
+        ({"metric": "eval_top1", "higher": {"optim.wd": 0.1}, "lower": {"optim.lr": 1e-6}}, "expected values of keys"),
+        ({"metric": "eval_top1", "higher": {"optim.lr": 0.1}, "lower": {"optim.lr": 1e-6}}, "is 0 rows of the sweep"),
+        ({"metric": "eval_top1", "higher": {"optim.lr": 0.01}}, "expected the keys metric, higher and lower"),
+    ],
+)
+def test_a_claim_that_names_no_single_row_is_refused(tmp_path, claim, error):
+    with pytest.raises(UserError, match=error):
+        load_spec(_spec(tmp_path / "s.yaml", [claim]))
+
+
+@pytest.mark.parametrize("name", sorted(shipped_sweeps()))
+def test_every_shipped_experiment_states_its_claims(name):
+    spec = load_spec(name)
+    assert spec.claims, f"{name}: the paper's orderings it tests"
