@@ -103,3 +103,11 @@ def test_a_claim_that_names_no_single_row_is_refused(tmp_path, claim, error):
 def test_every_shipped_experiment_states_its_claims(name):
     spec = load_spec(name)
     assert spec.claims, f"{name}: the paper's orderings it tests"
+
+
+def test_a_baseline_without_the_figures_key_is_named_by_what_it_sets():
+    """The mpp figure's x is run.objective; the scratch cell has none: its tick says pretrain=false, not null."""
+    from vitkit.sweep.aggregate import Row, _category
+
+    rows = [Row({"run.objective": "mpp"}, 1, {}, {}, [0]), Row({"pretrain": False}, 1, {}, {}, [0])]
+    assert [_category("run.objective", x, rows) for x in ("mpp", None)] == ["mpp", "pretrain=false"]

@@ -213,9 +213,13 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
             pos = [float(cast(float, p[0])) if numeric else float(xs.index(p[0])) for p in points]
             given = [(k, v) for k, v in zip(line_keys, label) if v != "null"]  # a key this line's cells lack: left out
             name = ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in given) or metric
-            ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=name)
+            style = "-" if numeric else "none"  # categories are points: no line joins them
+            ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3, label=name,
+                        linestyle=style)  # fmt: skip
         if not numeric:
-            ax.set_xticks(range(len(xs)), [value_text(x) for x in xs])
+            ax.set_xticks(range(len(xs)), [_category(x_key, x, rows) for x in xs])
+        if metric.rsplit(".", 1)[-1].endswith(("top1", "top5", "acc")) or metric.startswith("fewshot."):
+            ax.set_ylim(0, 1)  # an accuracy on its whole scale
         if numeric and spec.log_x:
             ax.set_xscale("log")
         ax.set_xlabel(x_key)
@@ -226,6 +230,15 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
             ax.legend(fontsize=8)
         paths.append(save_figure(fig, out / figure_name(metric)))
     return paths
+
+
+def _category(key: str, x: Any, rows: list[Row]) -> str:
+    """A categorical tick: the value, or for rows without the key (a baseline cell) what they set instead."""
+    if x is not None:
+        return value_text(x)
+    baselines = [r.values for r in rows if key not in r.values]
+    said = {f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for values in baselines for k, v in values.items()}
+    return ", ".join(sorted(said)) or "none"
 
 
 @dataclass

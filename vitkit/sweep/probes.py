@@ -187,6 +187,8 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     uniform = {d.get("uniform") for _, docs in found for d in docs} - {None}
     if len(uniform) == 1:  # one grid for all: the distance of attention spread evenly over it
         ax.axhline(uniform.pop(), color="0.5", linestyle="--", linewidth=1, label="uniform attention")
+    ax.set_xticks(range(1, int(depth[-1]) + 1))  # layers are whole numbers
+    ax.set_ylim(bottom=0)  # distances from zero: a zoomed axis makes near-uniform heads look spread out
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
     ax.set_title(f"{name}: mean attention distance\n(dots: every head of every seed; line: their mean)", fontsize=10)
