@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from scipy import stats as scipy_stats
 
@@ -111,3 +112,22 @@ def test_a_baseline_without_the_figures_key_is_named_by_what_it_sets():
 
     rows = [Row({"run.objective": "mpp"}, 1, {}, {}, [0]), Row({"pretrain": False}, 1, {}, {}, [0])]
     assert [_category("run.objective", x, rows) for x in ("mpp", None)] == ["mpp", "pretrain=false"]
+
+
+def test_compute_is_three_forward_passes_an_image_counted_by_torch(tmp_path):
+    """The ``compute`` metric (a figure's x for Fig. 5) against torch's own FLOP counter on the trained model."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    import vitkit
+
+    config = {**TINY, "model": {"name": "bit_r50x1", "layers": [1, 1], "width_factor": 0.5}}
+    doc = {"config": config, "grid": {"schedule.steps": [2, 4]}, "metrics": ["eval_top1", "compute"]}
+    doc["overrides"] = ["schedule.warmup_steps=0"]
+    doc["figure"] = {"x": "compute"}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    result = run_sweep(tmp_path / "s.yaml", tmp_path / "out", log=lambda line: None)
+    model = vitkit.load_model(tmp_path / "out" / "steps-2_seed-0").eval()
+    with FlopCounterMode(display=False) as counter:
+        model(torch.zeros(1, 1, 16, 16))
+    assert [r.mean["compute"] for r in result.rows] == [3 * counter.get_total_flops() * 32 * s for s in (2, 4)]
+    assert (tmp_path / "out" / "eval_top1.png").is_file()

@@ -18,16 +18,33 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
+import torch
+
+from ..checkpoint.base import CONFIG_NAME, read_config_json
 from ..errors import UserError
 from ..io import atomic_write_text
+from ..models import model_from_config
+from ..models.flops import model_flops
 from ..train.metrics import METRICS_NAME, MetricsLog, save_figure
 from ..train.overrides import value_text
+from ..train.recipe import load_config
 from .probes import is_probe_metric, probe_metric
 from .run import run_status
-from .spec import FINETUNE, Cell, Claim, SweepSpec, finetune_name
+from .spec import COMPUTE, FINETUNE, Cell, Claim, SweepSpec, finetune_name
 from .stats import LEVEL, compare
 
 TABLE_NAME = "sweep"  # sweep.csv, sweep.json, sweep.md
+
+
+def training_flops(run_dir: Path) -> float:
+    """A finished run's training compute: 3 x its model's forward FLOPs an image (forward and backward) x the
+    images it was trained on (batch x steps), from its config.json and config.yaml."""
+    doc = read_config_json(run_dir / CONFIG_NAME)
+    meta = doc.get("metadata") or {}
+    with torch.device("meta"):  # shapes only
+        model = model_from_config(doc["model"])
+    batch = load_config(run_dir / "config.yaml").optim.batch_size
+    return 3.0 * model_flops(model, int(meta["img_size"])) * batch * int(meta["step"])
 
 
 def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float | None] | None:
@@ -36,6 +53,11 @@ def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float |
     for metric in metrics:
         if not cell.pretrains and not metric.startswith(f"{FINETUNE}."):
             values[metric] = None  # a cell without a first run has none of its metrics
+            continue
+        if metric == COMPUTE:
+            if run_status(out / cell.name) != "finished":
+                return None
+            values[metric] = training_flops(out / cell.name)
             continue
         if is_probe_metric(metric):
             if run_status(out / cell.name) != "finished":
@@ -193,7 +215,11 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
     from matplotlib.figure import Figure
 
     line_keys = spec.figure_lines or [k for k in spec.axes if k != x_key]
-    xs = list(dict.fromkeys(r.values.get(x_key) for r in rows))
+
+    def x_of(r: Row) -> Any:
+        return r.mean.get(COMPUTE) if x_key == COMPUTE else r.values.get(x_key)
+
+    xs = list(dict.fromkeys(x_of(r) for r in rows if x_key != COMPUTE or r.n))
     numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs)
     paths = []
     for metric in spec.metrics:
@@ -203,11 +229,7 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
         for r in rows:
             lines.setdefault(tuple(value_text(r.values.get(k)) for k in line_keys), []).append(r)
         for label, members in lines.items():
-            points = [
-                (r.values.get(x_key), mean, r.std[metric] or 0.0)
-                for r in members
-                if (mean := r.mean[metric]) is not None
-            ]
+            points = [(x_of(r), mean, r.std[metric] or 0.0) for r in members if (mean := r.mean[metric]) is not None]
             if not points:
                 continue
             pos = [float(cast(float, p[0])) if numeric else float(xs.index(p[0])) for p in points]
@@ -222,7 +244,7 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
             ax.set_ylim(0, 1)  # an accuracy on its whole scale
         if numeric and spec.log_x:
             ax.set_xscale("log")
-        ax.set_xlabel(x_key)
+        ax.set_xlabel("training compute (FLOPs: 3 x forward x images)" if x_key == COMPUTE else x_key)
         ax.set_ylabel(f"{metric} (mean ± std over seeds)")
         ax.set_title(spec.name)
         ax.grid(alpha=0.3)

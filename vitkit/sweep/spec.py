@@ -35,6 +35,7 @@ SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics",
 QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")
 PRETRAIN = "pretrain"  # a cell key, not a config key: ``pretrain: false`` trains the finetune stage from scratch
 FINETUNE = "finetune"  # the prefix of the finetune stage's metrics, and the suffix of its run directories
+COMPUTE = "compute"  # a metric and a figure x: the first run's training FLOPs (aggregate.training_flops)
 
 
 def finetune_name(first: str) -> str:
@@ -319,7 +320,9 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
         raise UserError(f"{path}: cells: {PRETRAIN} is true or false")
     if any(c.get(PRETRAIN, True) is False for c in spec.cells) and not finetune:
         raise UserError(f"{path}: a cell with {PRETRAIN}: false needs a {FINETUNE} stage to run")
-    for key in [k for k in (spec.figure_x, *spec.figure_lines) if k is not None]:
+    if spec.figure_x == COMPUTE and COMPUTE not in spec.metrics:
+        raise UserError(f"{path}: figure: x {COMPUTE} needs {COMPUTE} among the metrics")
+    for key in [k for k in (spec.figure_x, *spec.figure_lines) if k is not None and k != COMPUTE]:
         if key not in spec.axes:
             raise UserError(f"{path}: figure: {key!r} is not a key that varies ({', '.join(spec.axes) or 'none'})")
     spec = replace(spec, claims=_claims(doc.get("claims"), f"{path}: claims", spec.metrics, spec.axes))
