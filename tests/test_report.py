@@ -177,6 +177,25 @@ def test_cli_report_and_a_run_without_weights(run_dir, tmp_path, capsys):
     assert err.count("\n") == 1 and "not a training run directory" in err
 
 
+def test_a_run_whose_data_moved_still_gets_its_page(tmp_path, capsys):
+    rng = np.random.default_rng(0)
+    for k in range(2):
+        (tmp_path / "data" / f"class{k}").mkdir(parents=True)
+        for i in range(12):
+            pixels = rng.integers(0, 256, (16, 16, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "data" / f"class{k}" / f"{i}.png")
+    model = "model.name=vit_ti16 model.patch_size=8 model.width=16 model.depth=1 model.num_heads=2 model.mlp_dim=32"
+    args = [*model.split(), "schedule.steps=2", "schedule.epochs=none", "schedule.warmup_steps=0", "optim.batch_size=8"]
+    args += [f"run.out_dir={tmp_path / 'runs'}", "run.name=r", "run.progress=false", "run.threads=1"]
+    assert cli_main(["train", "digits", "--data", str(tmp_path / "data"), *args]) == 0
+    (tmp_path / "data").rename(tmp_path / "moved")
+    capsys.readouterr()
+    assert cli_main(["report", str(tmp_path / "runs" / "r")]) == 0
+    text = html.unescape((tmp_path / "runs" / "r" / "report.html").read_text())
+    assert f"Not evaluated here: its data cannot be read ({tmp_path / 'data'}" in text
+    assert 'data-chart="loss"' in text
+
+
 def test_a_masked_patch_prediction_run_reports_its_own_score(tmp_path):
     cfg = load_config(
         "mpp_digits",

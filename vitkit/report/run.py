@@ -101,11 +101,15 @@ def run_report(run_dir: str | Path, device: str | torch.device = "auto", during:
     cfg = load_config(run / "config.yaml")
     records = MetricsLog(run).records()
     dev = device if isinstance(device, torch.device) else pick_device(device)
-    loaded = None
+    loaded, no_data = None, None
     if (run / WEIGHTS_NAME).is_file() and not during:
         model, prep, metadata = load_for_inference(run)
-        train_set, eval_set, info = build_datasets(checkpoint_data(run, metadata, prep))
-        loaded = LoadedRun(model.to(dev), prep, metadata, train_set, eval_set, info)
+        try:
+            train_set, eval_set, info = build_datasets(checkpoint_data(run, metadata, prep))
+        except UserError as e:  # the data moved or went: the page, without what needs its images
+            no_data = tag("p", f"Not evaluated here: its data cannot be read ({e}).", cls="note")
+        else:
+            loaded = LoadedRun(model.to(dev), prep, metadata, train_set, eval_set, info)
 
     page = Page(f"vitkit run {run.name}", subtitle=str(run.resolve()))
     if during:
@@ -130,8 +134,8 @@ def run_report(run_dir: str | Path, device: str | torch.device = "auto", during:
         evaluations_table(records),
     )
     later = tag("p", "Drawn at the end of the run (this page was written during training).", cls="note")
-    page.add("evaluation", "Evaluation", later if during else evaluation(cfg, loaded, dev))
-    page.add("inspection", "Inspection", later if during else inspection(loaded))
+    page.add("evaluation", "Evaluation", later if during else no_data if no_data else evaluation(cfg, loaded, dev))
+    page.add("inspection", "Inspection", later if during else no_data if no_data else inspection(loaded))
     if (run / "fewshot.json").is_file():
         page.add("fewshot", "Few-shot", fewshot_section(run / "fewshot.json"))
     settings = definitions(
