@@ -12,7 +12,6 @@ threads, which stop (their state saved) when the sweep's process dies.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -27,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ..checkpoint.base import read_config_json
 from ..checkpoint.native import CONFIG_NAME, WEIGHTS_NAME
 from ..device import usable_cores
 from ..errors import UserError
@@ -70,11 +70,7 @@ def _model_metadata(run_dir: Path) -> dict[str, Any]:
     path = run_dir / CONFIG_NAME
     if not path.is_file() or not (run_dir / WEIGHTS_NAME).is_file():
         return {}
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise UserError(f"{path}: not a readable model config ({e})") from None
-    meta = doc.get("metadata") if isinstance(doc, dict) else None
+    meta = read_config_json(path).get("metadata")
     return meta if isinstance(meta, dict) else {}
 
 
