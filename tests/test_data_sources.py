@@ -228,6 +228,32 @@ def test_missing_datasets_package_is_one_line(monkeypatch, tmp_path):
         build_datasets(DataConfig(source="hf", root=str(tmp_path)))
 
 
+def test_hf_name_without_network_fails_at_once_naming_what_was_typed(tmp_path, monkeypatch, capsys):
+    """An uncached dataset name with the Hub unreachable (here: a port nothing listens on): one line naming
+    `--data hf:NAME`, from the cache alone, without the Hub client's retries (half a minute of them)."""
+    import huggingface_hub.constants as hub
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)  # read per call by vitkit; the libraries read theirs at import
+    monkeypatch.setattr(hub, "ENDPOINT", endpoint)
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(datasets.config, "HUB_DATASETS_URL", endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))  # nothing cached
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.chdir(tmp_path)
+    flags = (hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
+    assert cli_main(["train", "--data", "hf:cifar10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "vitkit train: error: --data hf:cifar10: the Hugging Face dataset could not be loaded (not in the datasets "
+        f"cache, and {endpoint} cannot be reached ("
+    )
+    assert len(err.splitlines()) == 1 and "Retrying" not in err
+    assert flags == (hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)  # as they were
+
+
 # ------------------------------------------------------------------------------------------------ wds
 def write_tar_shards(folder: Path, split: str, rows: list[tuple[str, bytes, int]], per_shard: int) -> None:
     """WebDataset shards by hand: KEY.png + KEY.cls members, in order, with Python's tarfile."""
