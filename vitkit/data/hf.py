@@ -74,6 +74,7 @@ def load_hf(where: str, purpose: str = "data.source=hf") -> Any:
 def _hub_offline(datasets: Any) -> Iterator[None]:
     """HF_HUB_OFFLINE=1 for the block, where huggingface_hub and datasets keep it (both read it at import)."""
     import huggingface_hub.constants as constants
+
     saved = constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
     constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
     try:
