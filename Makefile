@@ -48,8 +48,9 @@ format: $(DEV_STAMP)
 docs: $(DEV_STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet --site-dir build/site
 
+# about 10 minutes on 2 quiet cores: pytest prints a line per test file, ending in the share of the suite done
 test: lint docs
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # one model's images/s, FLOPs, utilisation and memory (benchmarks/bench_vit.py --help), e.g.
 # make bench ARGS="--model vit_s16 --compare hf"

@@ -176,9 +176,24 @@ def test_train_data_is_the_data_section_other_commands_read(tmp_path, captured_t
 
 
 def test_train_data_that_is_not_a_source_folder_or_config_is_one_line(tmp_path, capsys, captured_training):
-    line = one_line_error(capsys, ["train", "--data", str(tmp_path / "nothing")])
-    assert "nothing" in line and "expected a source" in line
+    """A --data that reads as a path and is not there says so first; a word that is no source lists what is."""
+    for given, said in ((str(tmp_path / "nothing"), "no such folder"), ("./nothing", "no such folder")):
+        line = one_line_error(capsys, ["train", "--data", given])
+        assert line.startswith(f"vitkit train: error: --data {given!r}: {said} (expected a source (")
+    line = one_line_error(capsys, ["train", "--data", "configs/none.yaml"])
+    assert "--data 'configs/none.yaml': no such file (" in line
+    line = one_line_error(capsys, ["train", "--data", "nothing"])
+    assert line.startswith("vitkit train: error: --data 'nothing': expected a source (") and "no such" not in line
     assert captured_training == []
+
+
+@pytest.mark.parametrize("command", ["train", "finetune", "eval", "fewshot", "inspect"])
+def test_data_help_names_every_kind_of_data(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    data = text.split("--data DATA", 1)[1]
+    assert all(kind in data for kind in ("digits", "shapes", "cifar10", "hf:NAME", "wds:DIR", "manifest:FILE", ".yaml"))
 
 
 def test_train_on_an_image_folder_end_to_end(tmp_path, capsys):

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -13,7 +17,7 @@ from vitkit import UserError, VisionTransformer
 from vitkit.checkpoint import save_pretrained
 from vitkit.cli import build_parser, main
 from vitkit.data import build_datasets
-from vitkit.train import config_from_dict, load_config
+from vitkit.train import config_from_dict, load_config, metrics
 from vitkit.train.config import REQUIRED
 from vitkit.train.config_files import data_section, shipped_configs
 from vitkit.train.metrics import Pace, accuracy_figure, format_duration, loss_figure
@@ -228,6 +232,37 @@ def test_the_pace_is_said_once_after_the_first_steps():
     pace = Pace(step=50, total_steps=100, steps=3)  # a resumed run: measured from its own first steps
     resumed = [pace.tick(s) for s in range(51, 100)]
     assert "(steps 52-54): about" in resumed[3] and "for the 46 steps left" in resumed[3]
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="busy cores are read from Linux's /proc/stat")
+def test_the_pace_says_when_other_work_keeps_the_cores_busy(monkeypatch):
+    """Other processes spinning on every core this run may use while its first steps are measured: the pace line
+    of a run of two threads says so with the setting that helps; one of one thread, or one with the cores to
+    itself, says nothing more."""
+    spin = "import time\nt = time.time()\nwhile time.time() - t < 20: pass"
+    spinners = [subprocess.Popen([sys.executable, "-c", spin]) for _ in os.sched_getaffinity(0)]
+    try:
+        time.sleep(0.5)  # started and spinning
+        two, one = Pace(step=0, total_steps=100, steps=3, threads=2), Pace(step=0, total_steps=100, steps=3, threads=1)
+        said = []
+        for step in range(1, 5):
+            said += [two.tick(step), one.tick(step)]
+            time.sleep(0.1)  # a step, of which this process takes nothing: the spinners have the cores
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
+    two_line, one_line = said[6], said[7]
+    assert one_line is not None and "\n" not in one_line and "busy" not in one_line
+    assert two_line is not None and two_line.startswith("measured") and two_line.count("\n") == 1
+    assert re.fullmatch(
+        r"  busy cores: other processes kept \d+\.\d of the \d+ cores this run may use busy during these steps, "
+        r"where its 2 threads wait for each other: run.threads=1 is likely faster now",
+        two_line.splitlines()[1],
+    )
+    monkeypatch.setattr(metrics, "busy_core_seconds", time.process_time)  # every busy core-second is this process's
+    alone = Pace(step=0, total_steps=100, steps=3, threads=2)
+    assert "busy" not in next(line for s in range(1, 5) if (line := alone.tick(s)))
 
 
 # -------------------------------------------------------------------------------------------------- plots

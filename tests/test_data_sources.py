@@ -13,6 +13,7 @@ import hashlib
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -253,6 +254,32 @@ def test_missing_datasets_package_is_one_line(monkeypatch, tmp_path):
     monkeypatch.delitem(sys.modules, "datasets")
     with pytest.raises(MissingDependencyError, match=r"needs the datasets package: pip install 'vitkit\[hf\]'"):
         build_datasets(DataConfig(source="hf", root=str(tmp_path)))
+
+
+def test_hf_name_without_network_fails_at_once_naming_what_was_typed(tmp_path, monkeypatch, capsys):
+    """An uncached dataset name with the Hub unreachable (here: a port nothing listens on): one line naming
+    `--data hf:NAME`, from the cache alone, without the Hub client's retries (half a minute of them)."""
+    import huggingface_hub.constants as hub
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        endpoint = f"http://127.0.0.1:{s.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)  # read per call by vitkit; the libraries read theirs at import
+    monkeypatch.setattr(hub, "ENDPOINT", endpoint)
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(datasets.config, "HUB_DATASETS_URL", endpoint + "/datasets/{repo_id}/resolve/{revision}/{path}")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))  # nothing cached
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")
+    monkeypatch.chdir(tmp_path)
+    flags = (hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)
+    assert cli_main(["train", "--data", "hf:cifar10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        "vitkit train: error: --data hf:cifar10: the Hugging Face dataset could not be loaded (not in the datasets "
+        f"cache, and {endpoint} cannot be reached ("
+    )
+    assert len(err.splitlines()) == 1 and "Retrying" not in err
+    assert flags == (hub.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE)  # as they were
 
 
 # ------------------------------------------------------------------------------------------------ wds
@@ -567,3 +594,43 @@ def test_data_prefixes_name_the_sources():
     assert data_section("manifest:list.csv") == {"source": "manifest", "root": "list.csv"}
     with pytest.raises(UserError, match="expected hf:WHERE"):
         data_section("hf:")
+
+
+# ------------------------------------------------------------------------------------------- every road's page
+def write_road(tmp_path: Path, road: str) -> str:
+    """The digits as ``road`` keeps them (300 of them where a file per image is written); the --data argument."""
+    images, labels, mask = digits_uint8()
+    if road == "wds":
+        assert cli_main(["shard", "digits", str(tmp_path / "shards")]) == 0
+        return f"wds:{tmp_path / 'shards'}"
+    if road == "hf":
+        hf_digits().save_to_disk(str(tmp_path / "hf"))
+        return f"hf:{tmp_path / 'hf'}"
+    rows = []
+    for i in range(300):  # the folder holds out a fraction; the manifest keeps the digits' own split
+        path = tmp_path / road / f"digit{labels[i]}" / f"{i:04d}.png"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(png(images[i]))
+        rows.append(f"{path.relative_to(tmp_path)},digit{labels[i]},{'val' if mask[i] else 'train'}")
+    if road == "folder":
+        return str(tmp_path / road)
+    (tmp_path / "list.csv").write_text("\n".join(["path,label,split", *rows]) + "\n")
+    return f"manifest:{tmp_path / 'list.csv'}"
+
+
+@pytest.mark.parametrize("road", ["folder", "manifest", "hf", "wds"])
+def test_every_data_road_ends_with_its_report(tmp_path, capsys, road):
+    """`vitkit train --data ROAD` writes report.html with its worst-classified images and inspection figures, and
+    `vitkit report RUN` rewrites it: exit 0 on every road (a stream is not indexed: its worst images are kept as the
+    evaluation passes)."""
+    data = write_road(tmp_path, road)
+    out = tmp_path / "runs"
+    args = ["schedule.steps=2", "schedule.epochs=none", f"run.out_dir={out}", "run.progress=false", "run.threads=1"]
+    assert cli_main(["train", "--data", data, *args, "data.img_size=8", "data.in_chans=1"]) == 0
+    (run,) = out.iterdir()
+    for page in (run / "report.html", tmp_path / "again.html"):
+        if page.name == "again.html":
+            assert cli_main(["report", str(run), "--out", str(page)]) == 0
+        text = page.read_text()
+        assert len(re.findall(r"p\(true\) [\d.]+% · #\d+", text)) == 16
+        assert all(f"{figure}:" in text for figure in ("Fig 6", "Fig 7 left", "Fig 7 right / Fig 11"))

@@ -11,6 +11,8 @@ import dataclasses
 import importlib
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,6 +176,43 @@ def test_page_within_its_length(path: Path, limit: int) -> None:
     """The README is a front page and docs/speed.md today's table, not diaries: the history is git log."""
     lines = len(path.read_text().splitlines())
     assert lines <= limit, f"{page_id(path)} has {lines} lines; at most {limit}"
+
+
+def test_make_test_says_how_long_and_shows_its_progress(tmp_path: Path) -> None:
+    """The README says how long `make test` takes beside the command, and the pytest call of the Makefile's recipe
+    (run here on two one-test files, with the project's pytest settings) prints a line per file ending in the share
+    of the suite done."""
+    assert re.search(r"^make test +#.*about \d+ minutes", README.read_text(), re.M)
+    recipe = re.search(r"^test:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M)
+    assert recipe is not None
+    command = shlex.split(recipe.group(1).replace("$(PY)", sys.executable).replace("$(PYTEST_ARGS)", ""))
+    for name in ("a", "b"):
+        (tmp_path / f"test_{name}.py").write_text("def test_it():\n    pass\n")
+    settings = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "-p", "no:cacheprovider"]
+    out = subprocess.run([*command, *settings, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path).stdout
+    assert re.search(r"^test_a\.py \. +\[ 50%\]$", out, re.M) and re.search(r"^test_b\.py \. +\[100%\]$", out, re.M)
+
+
+@pytest.mark.parametrize("path", PAGES, ids=page_id)
+def test_transcripts_are_the_recorded_output_of_the_commands_beside_them(path: Path) -> None:
+    """What a page shows training print (a block with its `final held-out` line) is preceded by a link to the
+    benchmarks/results file of the run that printed it: every line of the block is in that file, and its last
+    `command:` is a command of the shell block just before the transcript."""
+    text = path.read_text()
+    blocks = list(FENCE.finditer(text))
+    for i, block in enumerate(blocks):
+        if "final held-out" not in block.group(2):
+            continue
+        where = f"{page_id(path)}, the transcript at line {text.count(chr(10), 0, block.start()) + 1}"
+        links = re.findall(r"benchmarks/results/([\w.-]+\.md)\)", text[blocks[i - 1].end() if i else 0 : block.start()])
+        assert links, f"{where}: no link to the benchmarks/results file it comes from just before it"
+        record = (RESULTS / links[-1]).read_text()
+        missing = [line for line in block.group(2).splitlines() if line not in record.splitlines()]
+        assert not missing, f"{where}: lines not in {links[-1]}: {missing}"
+        commands = re.findall(r"^- command: `(?:vitkit )?(.+)`$", record, re.M)
+        assert commands, f"{links[-1]}: no `command:` item"
+        shown = command_lines(blocks[i - 1].group(2)) if i and blocks[i - 1].group(1) in ("bash", "sh") else []
+        assert shlex.split(commands[-1]) in shown, f"{where}: `{commands[-1]}` is not in the shell block before it"
 
 
 def test_results_files_say_how_they_were_made() -> None:

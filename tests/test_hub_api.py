@@ -263,6 +263,40 @@ def test_preprocess_turns_images_into_the_batch_the_record_asks_for(tmp_path):
         vitkit.preprocess(prep, tmp_path / "empty")
 
 
+def test_preprocess_takes_what_people_pass_and_leaves_it_theirs(tmp_path):
+    """An opened image file stays open, an array and a tensor (uint8, or floats in [0, 1]) give the file's batch
+    and stay as they were; another shape or dtype is refused in one line saying what is accepted."""
+    rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (30, 41, 3), dtype=np.uint8)  # (H, W, C)
+    Image.fromarray(pixels).save(tmp_path / "a.png")
+    prep = Preprocessing(img_size=24, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+    want = vitkit.preprocess(prep, tmp_path / "a.png")
+    opened = Image.open(tmp_path / "a.png")
+    torch.testing.assert_close(vitkit.preprocess(prep, [opened]), want)
+    assert np.array_equal(np.asarray(opened), pixels)  # still open: a closed image raises here
+    tensor = torch.from_numpy(pixels).permute(2, 0, 1).contiguous()  # (C, H, W), as torchvision reads it
+    given = [pixels, tensor, tensor.float() / 255, torch.from_numpy(pixels[:, :, :1]).permute(2, 0, 1)]
+    before = [g.copy() if isinstance(g, np.ndarray) else g.clone() for g in given]
+    batch = vitkit.preprocess(prep, given)
+    torch.testing.assert_close(batch[:3], want.expand(3, -1, -1, -1), rtol=0, atol=1e-5)
+    grey = vitkit.preprocess(prep, Image.fromarray(pixels[:, :, 0]))  # one channel: the grey PIL image's batch
+    torch.testing.assert_close(batch[3:], grey, rtol=0, atol=1e-5)
+    assert all(np.array_equal(np.asarray(g), np.asarray(b)) for g, b in zip(given, before))
+    refused = {
+        "a tensor of shape (30, 41, 3) and dtype torch.uint8": torch.from_numpy(pixels),  # (H, W, C) as a tensor
+        "an array of shape (3, 30, 41) and dtype uint8": pixels.transpose(2, 0, 1),
+        "an array of shape (30, 41, 3) and dtype int64": pixels.astype(np.int64),
+        "a tensor of shape (3, 30, 41) and dtype torch.float32": (tensor.float() - 128) / 64,  # normalised already
+        "a tensor of shape (1, 3, 30, 41) and dtype torch.uint8": tensor[None],  # a batch
+    }
+    for said, bad in refused.items():
+        with pytest.raises(UserError) as caught:
+            vitkit.preprocess(prep, [pixels, bad])
+        message = str(caught.value)
+        assert message.startswith(f"preprocess: image 1 is {said}; expected") and "\n" not in message
+        assert "(H, W, C)" in message if isinstance(bad, np.ndarray) else "(C, H, W)" in message
+
+
 def test_a_loaded_model_carries_its_preprocessing(s16_default, tmp_path):
     row = PRETRAINED["vit_s16.augreg_in21k_ft_in1k"]
     model = vitkit.load_model("vit_s16.augreg_in21k_ft_in1k")

@@ -74,7 +74,7 @@ def test_cli_json_reports_a_corrupt_file_and_predicts_the_rest(checkpoint, tmp_p
     files = [str(PHOTOS[0]), str(corrupt), str(PHOTOS[1])]
     status = main(["predict", str(checkpoint), *files, "--json", "--top-k", "2", "--batch-size", "2"])
     captured = capsys.readouterr()
-    assert status == 1
+    assert status == 2  # a user's mistake, as in every command
     doc = json.loads(captured.out)
     assert [d["file"] for d in doc] == files
     assert "corrupt.jpg" in doc[1]["error"] and "predictions" not in doc[1]
@@ -82,6 +82,16 @@ def test_cli_json_reports_a_corrupt_file_and_predicts_the_rest(checkpoint, tmp_p
         probs = [p["probability"] for p in d["predictions"]]
         assert len(probs) == 2 and probs[0] >= probs[1] and all(p["label"] in NAMES for p in d["predictions"])
     assert "corrupt.jpg" in captured.err and "cannot read image" in captured.err
+
+
+def test_cli_a_corrupt_image_alone_is_one_error_line_and_status_2(checkpoint, tmp_path, capsys):
+    corrupt = tmp_path / "corrupt.jpg"
+    corrupt.write_bytes(b"not an image")
+    assert main(["predict", str(checkpoint), str(corrupt)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""  # nothing predicted: no blank line either
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"vitkit predict: error: {corrupt}: cannot read image"), lines
 
 
 def test_cli_text_output_with_a_labels_file(checkpoint, tmp_path, capsys):

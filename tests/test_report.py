@@ -508,3 +508,19 @@ def test_a_one_value_per_channel_list_is_not_a_change_from_its_scalar_default():
 
     diff = ConfigDiff({"data.mean": [0.5], "data.std": [0.25]}, {"data.mean": 0.5, "data.std": 0.5}, None, {})
     assert diff.changed() == ["data.std"]
+
+
+def test_the_run_directory_resolved_from_its_default_is_no_change(tmp_path, monkeypatch):
+    """config.yaml stores run.out_dir absolute: the default `runs`, resolved where the run started, is no change;
+    another directory is one (against the defaults and against the shipped config alike)."""
+    from vitkit.report.configs import config_diff
+    from vitkit.train.rundir import with_absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # as when config.yaml is written, in the run directory made there
+    stored = with_absolute_paths(load_config("digits"))  # as config.yaml holds it
+    assert stored.run.out_dir == str(tmp_path / "runs")
+    assert "run.out_dir" not in config_diff(stored).changed()
+    elsewhere = with_absolute_paths(load_config("digits", ["run.out_dir=elsewhere/runs-b"]))
+    diff = config_diff(elsewhere)
+    assert "run.out_dir" in diff.changed() and diff.differs_from_shipped("run.out_dir")

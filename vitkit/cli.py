@@ -169,9 +169,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
             print(f"vitkit predict: error: {r.error}", file=sys.stderr)
     if args.json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
-    else:
+    elif any(r.error is None for r in results):
         print(format_predictions(results))
-    return 1 if any(r.error is not None for r in results) else 0
+    return 2 if any(r.error is not None for r in results) else 0  # an unreadable image: a user error, each named
 
 
 @command("export", "export a checkpoint to ONNX (dynamic batch) and check it against onnxruntime")

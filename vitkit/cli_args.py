@@ -11,6 +11,13 @@ from typing import Any
 
 from .errors import UserError, UserFileNotFoundError
 
+# what --data takes, in every command's help (vitkit.train.config_files.data_section reads it)
+DATA_KINDS = (
+    "a source (digits, shapes, synthetic, cifar10, cifar100, folder), an image folder DIR/<class>/<images>, "
+    "hf:NAME (Hugging Face datasets), wds:DIR or wds:PATTERN (WebDataset shards), manifest:FILE (CSV or JSON of "
+    "path,label[,split]) or a training config .yaml (its data section)"
+)
+
 AddArguments = Callable[[argparse.ArgumentParser], None]
 ARGUMENTS: dict[str, AddArguments] = {}
 
@@ -73,9 +80,7 @@ def _add_data_source(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         metavar="DATA",
-        help="a source (digits, synthetic, folder, cifar10, cifar100), an image folder DIR/<class>/<images> or a "
-        "training config .yaml (its data section); default: the checkpoint's own data (its run's config.yaml, "
-        "or the source in its metadata)",
+        help=f"{DATA_KINDS}; default: the checkpoint's own data (its run's config.yaml, or the source in its metadata)",
     )
     p.add_argument("--root", help="the data directory (same as data.root=...)")
     p.add_argument("--val-root", help="a separate evaluation tree (same as data.val_root=...)")
@@ -184,9 +189,8 @@ def add_train(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--data",
         metavar="DATA",
-        help="the data, as in eval and finetune: a source (digits, synthetic, folder, cifar10, cifar100), an image "
-        "folder DIR/<class>/<images> or a training config .yaml (its data section); applied as data.key=value "
-        "overrides of the config, before the ones given",
+        help=f"the data, as in eval and finetune: {DATA_KINDS}; applied as data.key=value overrides of the config, "
+        "before the ones given",
     )
     p.formatter_class = argparse.RawDescriptionHelpFormatter
     p.epilog = "shipped configs (vitkit config NAME lists one's values):\n" + describe_shipped_configs()
@@ -216,8 +220,7 @@ def add_finetune(p: argparse.ArgumentParser) -> None:
         "--data",
         required=True,
         metavar="DATA",
-        help="an image folder DIR/<class>/<images>, a source (digits, synthetic, folder, cifar10, cifar100; files "
-        "through data.root=DIR) or a training config .yaml (its data section)",
+        help=f"{DATA_KINDS} (a source's files through data.root=DIR)",
     )
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from pathlib import Path
 
 import torch
 
@@ -50,6 +51,22 @@ def cpu_model_name() -> str | None:
 def usable_cores() -> int:
     """The CPU cores this process may run on: its affinity mask where the OS has one (containers, taskset)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def busy_core_seconds() -> float | None:
+    """CPU seconds the cores this process may use have spent busy so far, every process's (and a hypervisor's
+    steal) together, from /proc/stat (Linux); None elsewhere."""
+    try:
+        lines = Path("/proc/stat").read_text().splitlines()
+    except OSError:
+        return None
+    mine = {f"cpu{i}" for i in os.sched_getaffinity(0)}
+    ticks = 0
+    for name, *fields in (line.split() for line in lines if line.startswith("cpu")):
+        if name in mine:  # user nice system idle iowait irq softirq steal ...: all but idle and iowait
+            values = [int(v) for v in fields[:8]]
+            ticks += sum(values) - values[3] - values[4]
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, overload
 
+import numpy as np
 import torch
 from PIL import Image
 from torch import nn
@@ -23,6 +24,7 @@ from .checkpoint import loader
 from .checkpoint.loader import Checkpoint, LoadReport
 from .config_of import config_of
 from .data import IMAGE_EXTENSIONS, image_transform, load_image
+from .data.transforms import decode_image, image_from_pixels
 from .errors import UserError, UserFileNotFoundError
 from .models import VisionTransformer, registry
 from .preprocessing import Preprocessing, read_preprocessing
@@ -303,15 +305,16 @@ def preprocessing_of(source: nn.Module | str | Path | Checkpoint | Preprocessing
     return row.preprocessing() if row is not None else loader.read_checkpoint(source).preprocessing
 
 
-ImageInput = Image.Image | str | Path
+ImageInput = Image.Image | np.ndarray | torch.Tensor | str | Path
+Pixels = (Image.Image, np.ndarray, torch.Tensor)
 
 
-def _image_list(images: ImageInput | Sequence[ImageInput]) -> list[Image.Image | Path]:
-    """PIL images and files, in order; a folder stands for its image files, sorted by name."""
-    items = [images] if isinstance(images, (Image.Image, str, Path)) else list(images)
-    out: list[Image.Image | Path] = []
+def _image_list(images: ImageInput | Sequence[ImageInput]) -> list[Image.Image | np.ndarray | torch.Tensor | Path]:
+    """PIL images, arrays, tensors and files, in order; a folder stands for its image files, sorted by name."""
+    items = [images] if isinstance(images, (*Pixels, str, Path)) else list(images)
+    out: list[Image.Image | np.ndarray | torch.Tensor | Path] = []
     for item in items:
-        if isinstance(item, Image.Image):
+        if isinstance(item, Pixels):
             out.append(item)
             continue
         path = Path(item)
@@ -337,15 +340,17 @@ def preprocess(
     Args:
         source: what the images are for: a model from ``create_model`` / ``load_model``, a tag or a timm /
             Hugging Face name, a checkpoint path, a Checkpoint or a Preprocessing (see ``preprocessing_of``).
-        images: a PIL image, an image file, a folder (its image files, sorted by name), or a sequence of these.
-            Files are decoded as 8-bit RGB (EXIF orientation applied, alpha composited onto white).
+        images: a PIL image, an (H, W, C) array or (C, H, W) tensor of uint8 pixels or floats in [0, 1], an image
+            file, a folder (its image files, sorted by name), or a sequence of these. Each is decoded as 8-bit RGB
+            (EXIF orientation applied, alpha composited onto white); the caller's images stay open and unchanged.
 
     Returns:
         A float32 tensor (B, C, H, W): each image resized bilinearly (and centre-cropped for a crop fraction
         below 1), scaled to [0, 1] and normalised with the record's mean and std.
 
     Raises:
-        UserError: an unreadable image, an empty folder, or a record whose input is not square.
+        UserError: an unreadable image, an array of another shape or dtype, an empty folder, or a record whose
+            input is not square.
 
     Example:
         >>> model = vitkit.load_model("vit_b16.augreg_in21k_ft_in1k")  # doctest: +SKIP
@@ -354,5 +359,12 @@ def preprocess(
     prep = preprocessing_of(source)
     prep.square_size(str(source) if isinstance(source, (str, Path)) else "preprocess")
     transform = image_transform(prep)
-    batch = [transform(item if isinstance(item, Image.Image) else load_image(item)) for item in _image_list(images)]
-    return torch.stack(batch)  # (B, C, H, W)
+    return torch.stack([transform(_decoded(item, i)) for i, item in enumerate(_image_list(images))])  # (B, C, H, W)
+
+
+def _decoded(item: Image.Image | np.ndarray | torch.Tensor | Path, i: int) -> Image.Image:
+    if isinstance(item, Image.Image):
+        return decode_image(item, close=False)  # the caller's image, left open
+    if isinstance(item, (np.ndarray, torch.Tensor)):
+        return image_from_pixels(item, f"preprocess: image {i}")
+    return load_image(item)

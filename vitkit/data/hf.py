@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import io
+import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -24,6 +25,7 @@ from torch.utils.data import Dataset
 
 from ..errors import UserError
 from ..optional import require
+from ..pretrained.download import unreachable
 from .datasets import stratified_split
 
 EVAL_SPLITS = ("validation", "valid", "val", "test")
@@ -53,14 +55,32 @@ def load_hf(where: str, purpose: str = "data.source=hf") -> Any:
             "(for a class-per-folder tree use --data DIR, the folder source)"
         )
     name, _, config = where.partition(":")
+    hub = (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+    # no network: the cache alone, at once (the Hub's client would retry for half a minute before failing)
+    offline = None if datasets.config.HF_HUB_OFFLINE else unreachable(f"{hub}/api/datasets/{name}")
     try:
-        return datasets.load_dataset(name, config or None)
+        with _hub_offline(datasets) if offline else contextlib.nullcontext():
+            return datasets.load_dataset(name, config or None)
     except (FileNotFoundError, ConnectionError, ValueError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        problem = f"not in the datasets cache, and {hub} cannot be reached ({offline})" if offline else first
         raise UserError(
-            f"data.root={where!r}: the Hugging Face dataset could not be loaded ({first}); download it once with "
+            f"--data hf:{where}: the Hugging Face dataset could not be loaded ({problem}); download it once with "
             "network access (it is then read from the cache, also with HF_HUB_OFFLINE=1)"
         ) from None
+
+
+@contextlib.contextmanager
+def _hub_offline(datasets: Any) -> Iterator[None]:
+    """HF_HUB_OFFLINE=1 for the block, where huggingface_hub and datasets keep it (both read it at import)."""
+    import huggingface_hub.constants as constants
+
+    saved = constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE, datasets.config.HF_HUB_OFFLINE = saved
 
 
 def _parquet_files(where: str) -> list[str] | None:

@@ -61,8 +61,9 @@ def upright_size(img: Image.Image) -> tuple[int, int]:
     return img.width, img.height
 
 
-def decode_image(img: Image.Image, reduce: int = 1) -> Image.Image:
-    """The image as 8-bit RGB (see ``load_image``); a JPEG not decoded yet at 1/``reduce`` of its size (DCT)."""
+def decode_image(img: Image.Image, reduce: int = 1, close: bool = True) -> Image.Image:
+    """The image as 8-bit RGB (see ``load_image``); a JPEG not decoded yet at 1/``reduce`` of its size (DCT). A file
+    opened for it is closed once decoded, unless ``close`` is False (an image the caller opened stays theirs)."""
     if not is_undecoded(img):
         return to_rgb(img)
     try:
@@ -74,7 +75,27 @@ def decode_image(img: Image.Image, reduce: int = 1) -> Image.Image:
         name = getattr(img, "filename", "") or "an image"
         raise UserError(f"{name}: cannot read image ({type(e).__name__}: {e})") from None
     finally:
-        img.close()  # the decoded copy is returned; the file is ours to close
+        if close:
+            img.close()  # the decoded copy is returned
+
+
+def image_from_pixels(pixels: np.ndarray | torch.Tensor, what: str) -> Image.Image:
+    """A copy of an (H, W, C) or (H, W) array, or a (C, H, W) tensor, of uint8 pixels or floats in [0, 1] (C: 1, 3
+    or 4), as a PIL image; anything else is a UserError naming ``what`` and what is accepted."""
+    tensor = isinstance(pixels, torch.Tensor)
+    arr = pixels.detach().cpu().numpy() if isinstance(pixels, torch.Tensor) else np.asarray(pixels)
+    if tensor and arr.ndim == 3:
+        arr = arr.transpose(1, 2, 0)  # (C, H, W) -> (H, W, C)
+    if arr.ndim == 3 and arr.shape[2] == 1:
+        arr = arr[:, :, 0]
+    unit = arr.dtype.kind == "f" and arr.size > 0 and bool(np.isfinite(arr).all() and arr.min() >= 0 and arr.max() <= 1)
+    if arr.size and (arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] in (3, 4))) and (arr.dtype == np.uint8 or unit):
+        return Image.fromarray((arr * 255).round().astype(np.uint8) if unit else arr.copy())
+    layout = "(C, H, W) or (H, W) tensor" if tensor else "(H, W, C) or (H, W) array"
+    raise UserError(
+        f"{what} is {'a tensor' if tensor else 'an array'} of shape {tuple(pixels.shape)} and dtype {pixels.dtype}; "
+        f"expected a PIL image, an image file or an {layout} (C = 1, 3 or 4) of uint8 pixels or floats in [0, 1]"
+    )
 
 
 def jpeg_reduction(crop: tuple[float, float], size: int) -> int:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Sequence, Sized
+from collections.abc import Iterable, Sequence, Sized
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from ..data import image_transform, load_image
 from ..errors import UserError
@@ -67,26 +67,38 @@ def images_from_dataset(
     dataset: Dataset[Any], prep: Preprocessing, count: int, class_names: Sequence[str] | None = None
 ) -> list[InspectionImage]:
     """Up to ``count`` images of a dataset of (image, label), one per class first; labels come from its ``labels``
-    or ``targets`` (no decoding), else from its first ``50 * count`` items."""
+    or ``targets`` (no decoding), else from its first ``50 * count`` items, each read once (a stream's too)."""
     labels = getattr(dataset, "labels", None)
     if labels is None:
         labels = getattr(dataset, "targets", None)
-    if labels is None:
+    if labels is not None:  # the labels alone pick; only the picked items are decoded
+        labelled = ((i, int(y), None) for i, y in enumerate(labels))
+        picked = [(i, y, dataset[i][0]) for i, y, _ in _one_per_class_first(labelled, count)]
+    else:
         if not isinstance(dataset, Sized):
             raise UserError(f"inspect: the data set ({type(dataset).__name__}) has no length to pick images from")
-        labels = [dataset[i][1] for i in range(min(len(dataset), 50 * count))]
-    labels = [int(y) for y in labels]
-    first: dict[int, int] = {}
-    for i, y in enumerate(labels):
-        first.setdefault(y, i)
-    chosen = set(first.values())
-    picked = list(first.values()) + [i for i in range(len(labels)) if i not in chosen]
+        n = min(len(dataset), 50 * count)
+        items = iter(dataset) if isinstance(dataset, IterableDataset) else (dataset[i] for i in range(n))
+        picked = _one_per_class_first(((i, int(y), x) for i, (x, y) in zip(range(n), items)), count)
     images = []
-    for i in picked[:count]:
-        x, y = dataset[i]
+    for i, y, x in picked:
         name = class_names[y] if class_names and y < len(class_names) else str(y)
         images.append(InspectionImage(f"example{i}_{name}", x, prep.to_display(x).numpy(), label=name))
     return images
+
+
+def _one_per_class_first(items: Iterable[tuple[Any, ...]], count: int) -> list[tuple[Any, ...]]:
+    """Up to ``count`` of the (index, label, ...) items: the first of each class, then the others, each in order."""
+    firsts: dict[int, tuple[Any, ...]] = {}
+    others: list[tuple[Any, ...]] = []
+    for item in items:
+        if item[1] not in firsts:
+            firsts[item[1]] = item
+            if len(firsts) == count:
+                break
+        elif len(others) < count:
+            others.append(item)
+    return [*firsts.values(), *others][:count]
 
 
 def describe(model: VisionTransformer) -> str:

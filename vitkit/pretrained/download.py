@@ -190,13 +190,13 @@ def _chunk_per_read() -> Iterator[None]:
                 constants.DOWNLOAD_CHUNK_SIZE = _chunk_size
 
 
-def _check_reachable(url: str, by_hand: str) -> None:
-    """Fail at once when ``url``'s server cannot be reached (one HEAD request, without retries and backoff)."""
+def unreachable(url: str) -> str | None:
+    """Why ``url``'s server cannot be reached (one HEAD request, without retries and backoff), or None when it
+    answers or fails otherwise (for the request itself to meet and report)."""
     import httpx2
     from huggingface_hub import constants
     from huggingface_hub.utils import http_backoff
 
-    reason = None
     with quiet("huggingface_hub"):
         try:
             http_backoff(
@@ -204,9 +204,15 @@ def _check_reachable(url: str, by_hand: str) -> None:
                 timeout=constants.HF_HUB_ETAG_TIMEOUT,
             )  # fmt: skip
         except (httpx2.ConnectError, httpx2.ConnectTimeout) as e:
-            reason = first_line(e)
+            return first_line(e)
         except (httpx2.HTTPError, httpx2.InvalidURL, OSError):
-            pass  # anything else is for the download itself to meet and report
+            pass
+    return None
+
+
+def _check_reachable(url: str, by_hand: str) -> None:
+    """Fail at once when ``url``'s server cannot be reached (``unreachable``)."""
+    reason = unreachable(url)
     if reason is not None:
         raise UserError(f"{url}: cannot download ({reason}); without network access, {by_hand}") from None
 

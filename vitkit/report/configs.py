@@ -4,6 +4,7 @@ shipped config it was made from."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import UserError
@@ -11,6 +12,7 @@ from ..models.registry import MODELS, model_config
 from ..train.config import ModelConfig, TrainConfig, flat_keys
 from ..train.config_files import shipped_configs
 from ..train.recipe import load_config
+from ..train.rundir import PATH_KEYS
 from .html import Html, Row, esc, join, table, tag
 
 
@@ -43,15 +45,30 @@ class ConfigDiff:
     shipped_name: str | None
     shipped: dict[str, Any]
 
-    # compared as the page shows them: a mean of [0.5] (one value for every channel) is the default 0.5
     def differs_from_default(self, key: str) -> bool:
-        return show_value(self.values.get(key)) != show_value(self.defaults.get(key))
+        return not same_value(key, self.values.get(key), self.defaults.get(key))
 
     def differs_from_shipped(self, key: str) -> bool:
-        return self.shipped_name is not None and show_value(self.values.get(key)) != show_value(self.shipped.get(key))
+        return self.shipped_name is not None and not same_value(key, self.values.get(key), self.shipped.get(key))
 
     def changed(self) -> list[str]:
         return [k for k in self.values if self.differs_from_default(k) or self.differs_from_shipped(k)]
+
+
+def same_value(key: str, value: Any, reference: Any) -> bool:
+    """Equal as the page shows them (a mean of [0.5], one value for every channel, is the default 0.5); a path that
+    config.yaml stores absolute is the relative default or shipped path it ends in, resolved where the run started."""
+    if show_value(value) == show_value(reference):
+        return True
+    if key not in PATH_KEYS or not isinstance(value, str) or not isinstance(reference, str) or not reference:
+        return False
+    path, ref = Path(value), Path(reference)
+    return (
+        path.is_absolute()
+        and not ref.is_absolute()
+        and ".." not in ref.parts
+        and path.parts[-len(ref.parts) :] == ref.parts
+    )
 
 
 def config_diff(cfg: TrainConfig) -> ConfigDiff:

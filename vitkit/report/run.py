@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from ..data import DatasetInfo, build_datasets
 from ..errors import UserError, UserFileNotFoundError
@@ -214,19 +214,22 @@ def evaluation(cfg: TrainConfig, loaded: LoadedRun | None, device: torch.device)
     k = loaded.info.num_classes
     pred = predict_held_out(loaded.model, loaded.eval_set, k, device, max(1, min(cfg.run.eval_batch_size, 512)))
     names = list(loaded.prep.class_names or loaded.info.class_names)
-    scored = f"all {pred.total:,}" if len(pred.labels) == pred.total else f"{len(pred.labels):,} (seeded sample) of"
+    stream = isinstance(loaded.eval_set, IterableDataset)
+    scored = f"the first {len(pred.labels):,} of" if stream else f"{len(pred.labels):,} (seeded sample) of"
+    scored = f"all {pred.total:,}" if len(pred.labels) == pred.total else scored
     intro = (
         f"The run's model (model.safetensors) on {scored} held-out images, in fp32 on {device}: top-1 "
         f"{percent(pred.accuracy)}."
     )
     if len(pred.labels) < pred.total:
-        intro += f" More than {MAX_EVAL_IMAGES:,} images: the numbers here are those of a random sample."
+        intro += f" More than {MAX_EVAL_IMAGES:,} images: the numbers here are those of "
+        intro += "the stream's first ones." if stream else "a random sample."
     return join(
         [
             tag("p", intro, cls="note"),
             confusion_section(pred, names),
             tag("h3", "Worst-classified held-out images"),
-            worst_section(pred, loaded.eval_set, loaded.prep, names),
+            worst_section(pred, loaded.prep, names),
         ]
     )
 

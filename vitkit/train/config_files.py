@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from ..data.config import SOURCES, source_section
+from ..data.config import FILE_SOURCES, SOURCES, source_section
 from ..errors import UserError, UserFileNotFoundError
 from .config import SECTIONS
 
@@ -116,22 +116,26 @@ def read_config_file(path: Path) -> dict[str, Any]:
 def data_section(data: str) -> dict[str, Any]:
     """What ``--data`` names, as a data section, for every command: a source, an image folder
     ``DIR/<class>/<images>`` (the folder source with that root), or a training config .yaml (its data section)."""
-    path = Path(data)
+    path = Path(data).expanduser()  # as a shell would have, had the ~ not been quoted or after --data=
     if data in SOURCES:
         return {"source": data}
     if (prefixed := source_section(data)) is not None:  # hf:NAME, wds:PATTERN, manifest:FILE
         return prefixed
     if path.is_dir():
-        return {"source": "folder", "root": data}
+        return {"source": "folder", "root": str(path) if data.startswith("~") else data}
     if path.suffix in (".yaml", ".yml") and path.is_file():
         section = read_config_file(path).get("data") or {}
         if not isinstance(section, dict):
             raise UserError(f"{path}: the 'data' section must be a mapping of key: value")
         return dict(section)
-    raise UserError(
-        f"--data {data!r}: expected a source ({', '.join(SOURCES)}), an image folder, hf:NAME, wds:PATTERN, "
-        "manifest:FILE or a config .yaml file"
+    expected = (
+        f"expected a source ({', '.join(s for s in SOURCES if s not in FILE_SOURCES)}), an image folder, hf:NAME, "
+        "wds:PATTERN, manifest:FILE or a config .yaml file"
     )
+    if ("/" in data or data.startswith((".", "~"))) and not path.exists():  # meant as a path: say that first
+        what = "no such file" if path.suffix in (".yaml", ".yml") else "no such folder"
+        raise UserFileNotFoundError(f"--data {data!r}: {what} ({expected})")
+    raise UserError(f"--data {data!r}: {expected}")
 
 
 def config_purpose(path: Path) -> str:

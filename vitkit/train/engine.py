@@ -320,7 +320,8 @@ class Trainer(RunSetup):
             if self.init_report:
                 print(f"run.init_from: {self.init_report}")
         progress = tqdm(total=self.total_steps, initial=self.step, unit="step", dynamic_ncols=True, disable=not show)
-        self.pace = Pace(self.step, self.total_steps) if self.dist.is_main else None
+        threads = torch.get_num_threads() if self.device.type == "cpu" else None
+        self.pace = Pace(self.step, self.total_steps, threads=threads) if self.dist.is_main else None
         batches = self.batches(self.step)
         self.t_window, self.images = time.perf_counter(), 0  # throughput is this process's
         first_step, t_steps = self.step, time.perf_counter()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from ..device import busy_core_seconds, usable_cores
 from ..io import append_text, atomic_write, atomic_write_text
 from ..optional import require
 
@@ -207,25 +208,43 @@ def format_duration(seconds: float) -> str:
 
 class Pace:
     """The run's remaining duration, measured on its first steps (after the first, which pays for warm-up) and
-    said once: ``tick(step)`` after each step returns the line to print, or None."""
+    said once: ``tick(step)`` after each step returns the line to print, or None. On a CPU run of ``threads`` > 1 it
+    adds a line when other processes kept its cores busy meanwhile: threads that wait for a core stall every op."""
 
-    def __init__(self, step: int, total_steps: int, steps: int = 5) -> None:
-        self.start, self.total, self.steps = step + 1, total_steps, steps
+    def __init__(self, step: int, total_steps: int, steps: int = 5, threads: int | None = None) -> None:
+        self.start, self.total, self.steps, self.threads = step + 1, total_steps, steps, threads
         self.t0: float | None = None
+        self.cpu0: tuple[float, float | None] = (0.0, None)  # (this process's CPU time, all processes') at t0
         self.done = total_steps - step <= 1 + steps  # a run that short is over before a figure would help
 
     def tick(self, step: int) -> str | None:
         if self.done:
             return None
         if step == self.start:
-            self.t0 = time.perf_counter()
+            self.t0, self.cpu0 = time.perf_counter(), (time.process_time(), busy_core_seconds())
             return None
         if self.t0 is None or step < self.start + self.steps:
             return None
         self.done = True
-        per_step = (time.perf_counter() - self.t0) / (step - self.start)
+        wall = time.perf_counter() - self.t0
+        per_step = wall / (step - self.start)
         left = self.total - step
-        return (
+        line = (
             f"measured {per_step:.3g} s a step (steps {self.start + 1}-{step}): about "
             f"{format_duration(per_step * left)} for the {left:,} steps left, evaluations aside"
+        )
+        return line + self._contention(wall)
+
+    def _contention(self, wall: float) -> str:
+        """A line when other processes used more of this run's cores than its threads leave free (see Pace)."""
+        busy = busy_core_seconds()
+        if not self.threads or self.threads < 2 or busy is None or self.cpu0[1] is None:
+            return ""
+        others = (busy - self.cpu0[1] - (time.process_time() - self.cpu0[0])) / wall  # cores, on average
+        cores = usable_cores()
+        if others <= cores - self.threads + 0.5:
+            return ""
+        return (
+            f"\n  busy cores: other processes kept {others:.1f} of the {cores} cores this run may use busy during "
+            f"these steps, where its {self.threads} threads wait for each other: run.threads=1 is likely faster now"
         )
