@@ -628,7 +628,8 @@ def test_every_data_road_ends_with_its_report(tmp_path, capsys, road):
     args = ["schedule.steps=2", "schedule.epochs=none", f"run.out_dir={out}", "run.progress=false", "run.threads=1"]
     assert cli_main(["train", "--data", data, *args, "data.img_size=8", "data.in_chans=1"]) == 0
     (run,) = out.iterdir()
-    for page in (run / "report.html", tmp_path / "again.html"):
+    again = (tmp_path / "again.html",) if road == "wds" else ()  # the stream whose `vitkit report` crashed
+    for page in (run / "report.html", *again):
         if page.name == "again.html":
             assert cli_main(["report", str(run), "--out", str(page)]) == 0
         text = page.read_text()

@@ -4,6 +4,7 @@ cut short, a checksum mismatch, no network, concurrent downloads, and models bui
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import http.server
 import io
@@ -74,7 +75,8 @@ class Server:
                     self.wfile.write(route.body[:half])
                     self.wfile.flush()
                     time.sleep(route.delay)
-                    self.wfile.write(route.body[half:])
+                    with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # a client that gave up
+                        self.wfile.write(route.body[half:])
 
             def do_GET(self) -> None:
                 self._answer(with_body=True)

@@ -186,7 +186,7 @@ def test_a_run_whose_data_moved_still_gets_its_page(tmp_path, capsys):
             Image.fromarray(pixels).save(tmp_path / "data" / f"class{k}" / f"{i}.png")
     model = "model.name=vit_ti16 model.patch_size=8 model.width=16 model.depth=1 model.num_heads=2 model.mlp_dim=32"
     args = [*model.split(), "schedule.steps=2", "schedule.epochs=none", "schedule.warmup_steps=0", "optim.batch_size=8"]
-    args += [f"run.out_dir={tmp_path / 'runs'}", "run.name=r", "run.progress=false", "run.threads=1"]
+    args += [f"run.out_dir={tmp_path / 'runs'}", "run.name=r", "run.progress=false", "run.threads=1", "run.plots=false"]
     assert cli_main(["train", "digits", "--data", str(tmp_path / "data"), *args]) == 0
     (tmp_path / "data").rename(tmp_path / "moved")
     capsys.readouterr()

@@ -123,9 +123,9 @@ def test_new_runs_of_one_name_never_share_a_directory(tmp_path):
 # --------------------------------------------------------------------------------------------- signals
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_saves_a_resumable_checkpoint_at_a_step_boundary(tmp_path, signum):
-    reference = train(tiny(tmp_path, "schedule.steps=400", "run.name=ref"))
+    reference = train(tiny(tmp_path, "schedule.steps=150", "run.name=ref"))
     config = tmp_path / "cut.yaml"
-    config.write_text(yaml.safe_dump(tiny(tmp_path, "schedule.steps=400", "run.name=cut", "run.log_every=1").to_dict()))
+    config.write_text(yaml.safe_dump(tiny(tmp_path, "schedule.steps=150", "run.name=cut", "run.log_every=1").to_dict()))
     proc = subprocess.Popen(
         [sys.executable, "-m", "vitkit.cli", "train", str(config)],
         env=_env(),
@@ -143,8 +143,8 @@ def test_a_signal_saves_a_resumable_checkpoint_at_a_step_boundary(tmp_path, sign
     assert "run.resume=true" in err and signal.Signals(signum).name in err
     state = tmp_path / "runs" / "cut" / STATE_NAME
     assert state.is_file()
-    resumed = train(tiny(tmp_path, "schedule.steps=400", "run.name=cut", "run.log_every=1", "run.resume=true"))
-    assert resumed.step == 400
+    resumed = train(tiny(tmp_path, "schedule.steps=150", "run.name=cut", "run.log_every=1", "run.resume=true"))
+    assert resumed.step == 150
     a, b = read_native(reference.run_dir)[1], read_native(resumed.run_dir)[1]
     assert all(torch.equal(a[k], b[k]) for k in a)  # the interrupted run ends where the uninterrupted one does
 
