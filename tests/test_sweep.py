@@ -32,6 +32,11 @@ TINY_DIGITS = {
 }
 
 
+def tiny_digits(**sections: dict) -> dict:
+    """TINY_DIGITS with keyword sections updating its own (a new dict)."""
+    return {name: {**values, **sections.get(name, {})} for name, values in TINY_DIGITS.items()}
+
+
 def _write_spec(path: Path, **changes) -> Path:
     doc = {
         "config": TINY_DIGITS,

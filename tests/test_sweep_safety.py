@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from test_sweep import tiny_digits
 
 from vitkit.cli import main
 from vitkit.errors import UserError
@@ -22,13 +23,9 @@ from vitkit.sweep import run_sweep
 from vitkit.sweep.run import run_status
 from vitkit.train.state import STATE_NAME
 
-TINY = {
-    "model": {"name": "vit_ti16", "patch_size": 4, "width": 16, "depth": 1, "num_heads": 2, "mlp_dim": 32},
-    "data": {"source": "digits"},
-    "optim": {"name": "adamw", "lr": 1e-3, "batch_size": 32},
-    "schedule": {"steps": 4, "warmup_steps": 1},
-    "run": {"log_every": 2, "eval_every": 0, "save_every": 2, "plots": False, "threads": 1, "eval_batch_size": 512},
-}
+TINY = tiny_digits(
+    schedule={"steps": 4, "warmup_steps": 1}, run={"log_every": 2, "save_every": 2, "eval_batch_size": 512}
+)
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 from scipy import stats as scipy_stats
+from test_sweep import tiny_digits
 
 from vitkit.errors import UserError
 from vitkit.sweep import load_spec, run_sweep, shipped_sweeps
@@ -41,13 +42,11 @@ def test_paired_when_the_seeds_match_else_welch_as_scipy_computes_them():
     assert compare({0: 1.0, 1: 2.0}, {0: 0.0, 1: 1.0}).verdict == "shown"  # the same difference on every seed
 
 
-TINY = {
-    "model": {"name": "vit_ti16", "patch_size": 4, "width": 32, "depth": 1, "num_heads": 2, "mlp_dim": 64},
-    "data": {"source": "digits"},
-    "optim": {"name": "adamw", "lr": 1e-3, "batch_size": 32},
-    "schedule": {"steps": 80, "warmup_steps": 5},
-    "run": {"log_every": 10, "eval_every": 0, "save_every": 0, "plots": False, "threads": 1, "eval_batch_size": 512},
-}
+TINY = tiny_digits(
+    model={"width": 32, "mlp_dim": 64},
+    schedule={"steps": 80, "warmup_steps": 5},
+    run={"log_every": 10, "save_every": 0, "eval_batch_size": 512},
+)
 
 
 def _spec(path: Path, claims) -> Path:

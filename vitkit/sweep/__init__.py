@@ -70,8 +70,9 @@ def run_sweep(
             log(f"{spec.name}: {len(cells)} runs ({settings} settings x {len(spec.seeds)} seeds) in {out}")
             done = run_cells(plans, jobs, log, force)
         rows, records = aggregate(spec, cells, out, done.failed)
-        files = write_table(spec, rows, records, out) + write_figures(spec, rows, out)
-        for line in claim_lines(claim_results(spec, records)):
+        claims = claim_results(spec, records)
+        files = write_table(spec, rows, records, claims, out) + write_figures(spec, rows, out)
+        for line in claim_lines(claims):
             log(line)
         if spec.probes.attention_images:
             groups: dict[str, tuple[str, dict[str, Any], list[Path]]] = {}

@@ -155,9 +155,11 @@ def _number(x: float | None, digits: int = 4) -> str:
     return "" if x is None or math.isnan(x) else f"{x:.{digits}g}"
 
 
-def write_table(spec: SweepSpec, rows: list[Row], records: list[dict[str, Any]], out: Path) -> list[Path]:
+def write_table(
+    spec: SweepSpec, rows: list[Row], records: list[dict[str, Any]], claims: list[dict[str, Any]], out: Path
+) -> list[Path]:
     """OUT/sweep.csv, .json and .md: one row per group, with mean, std and n of every metric (full precision in the
-    CSV and JSON, four significant digits in the markdown)."""
+    CSV and JSON, four significant digits in the markdown), and the claims tested (claim_results)."""
     axes = spec.axes
     header = [*axes, "n", *(f"{m}_{s}" for m in spec.metrics for s in ("mean", "std"))]
     table = [
@@ -171,7 +173,6 @@ def write_table(spec: SweepSpec, rows: list[Row], records: list[dict[str, Any]],
     writer.writerows(table)
     csv_path, json_path, md_path = (out / f"{TABLE_NAME}.{ext}" for ext in ("csv", "json", "md"))
     atomic_write_text(csv_path, text.getvalue())
-    claims = claim_results(spec, records)
     doc = {
         "spec": str(spec.path),
         "axes": axes,

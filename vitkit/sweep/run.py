@@ -85,6 +85,11 @@ def foreign(run_dir: Path, cfg: TrainConfig) -> str | None:
     return f"a run of another spec ({'; '.join(changes)})" if changes else None
 
 
+def not_its_run(run_dir: Path, why: str) -> UserError:
+    """The error for a cell directory that is not its cell's run (``why``: foreign's reason)."""
+    return UserError(f"{run_dir}: {why}; sweep into a new --out, or add --force to train this cell again")
+
+
 def remove_run(run_dir: Path, force: bool = True, hooks: RunHooks = NO_HOOKS) -> None:
     """Remove a run directory under its lock (a UserError if a live process runs it); without force only what a
     run writes before its first save (EARLY_FILES and its hooks' files), and a UserError naming anything else."""
@@ -186,7 +191,7 @@ def claim_cells(plans: list[CellPlan], force: bool) -> None:
             if why is None:
                 continue
             if not force:
-                raise UserError(f"{run_dir}: {why}; sweep into a new --out, or add --force to train this cell again")
+                raise not_its_run(run_dir, why)
             for d in plan.run_dirs():
                 if d.is_dir():
                     remove_run(d)
@@ -214,7 +219,7 @@ def _run_stage(cfg: TrainConfig, hooks: RunHooks) -> str:
     run_dir = Path(cfg.run.out_dir) / str(cfg.run.name)
     status = run_status(run_dir)
     if status != "absent" and (why := foreign(run_dir, cfg)):  # the finetune stage's, first seen here
-        raise UserError(f"{run_dir}: {why}; sweep into a new --out, or add --force to train this cell again")
+        raise not_its_run(run_dir, why)
     if status == "finished":
         return "skipped"
     if status == "started":
