@@ -95,8 +95,43 @@ def test_build_datasets_serves_shapes_with_their_info():
     assert grey[0][0].shape == (1, 24, 24) and info1.in_chans == 1
     with pytest.raises(UserError, match="num_images"):
         build_datasets(DataConfig(source="shapes", num_images=0))
-    with pytest.raises(UserError, match="train_augment"):
-        build_datasets(DataConfig(source="shapes", train_augment="shift", shift_pixels=1))
+    with pytest.raises(UserError, match="train_augment=inception_crop"):
+        build_datasets(DataConfig(source="shapes", train_augment="inception_crop"))
+    with pytest.raises(UserError, match="train_fraction"):
+        build_datasets(DataConfig(source="shapes", train_fraction=0.5))
+
+
+def test_flips_and_shifts_of_a_shape_subset_move_the_image_and_keep_its_label():
+    """Each draw is the image mirrored left-right or not, moved by at most one pixel (the exposed border black); the
+    marker stays above or below its object, so the label is the drawn one; the held-out images are never moved."""
+    plain = ProceduralShapes(40, img_size=16)
+    train_ds, eval_ds, _ = build_datasets(
+        DataConfig(source="shapes", num_images=40, eval_images=8, img_size=16, flip=True, train_augment="shift",
+                   shift_pixels=1)  # fmt: skip
+    )
+    torch.manual_seed(0)
+    seen = set()
+    black = -1.0  # (0 - 0.5) / 0.5
+    for index in range(40):
+        x, y = train_ds[index]
+        assert y == plain[index][1]
+        base = plain[index][0]
+        found = None
+        for flipped in (False, True):
+            image = base.flip(-1) if flipped else base
+            for dy in (-1, 0, 1):
+                for dx in (-1, 0, 1):
+                    moved = torch.full_like(image, black)
+                    h, w = image.shape[1:]
+                    moved[:, max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = image[
+                        :, max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
+                    ]
+                    if torch.allclose(x, moved, atol=1e-5):
+                        found = (flipped, dy, dx)
+        assert found is not None, index
+        seen.add(found)
+    assert {f for f, _, _ in seen} == {False, True} and len(seen) > 6  # both mirrors, several shifts
+    assert torch.equal(eval_ds[3][0], ProceduralShapes(8, stream=EVAL_STREAM, img_size=16)[3][0])
 
 
 def test_sample_grid_writes_one_row_per_class(tmp_path):

@@ -284,10 +284,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             args.jobs,
             args.aggregate_only,
             args.quick,
-            overrides=args.overrides,
+            overrides=[*args.overrides, *([f"run.device={args.device}"] if args.device else [])],
             run_hooks=REPORT_HOOKS,
             page=page,
             force=args.force,
+            scale=args.scale,
         )
     except TrainingInterrupted as e:
         print(f"vitkit sweep: interrupted: {e}; the same sweep command resumes it", file=sys.stderr)

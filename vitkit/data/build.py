@@ -171,20 +171,21 @@ def build_synthetic(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDat
 
 
 def build_shapes(cfg: DataConfig) -> tuple[ProceduralShapes, ProceduralShapes, DatasetInfo]:
-    """Procedural shapes drawn on the fly: data.num_images to train on, data.eval_images held out."""
+    """Procedural shapes drawn on the fly: data.num_images to train on (flipped or shifted as data says), data.eval_images
+    held out."""
     mean, std = _stats(cfg)
     src = SourceFields.of(cfg)
-    if src.train_augment != "none" or src.flip or cfg.train_fraction < 1:
-        raise UserError(
-            "data.source=shapes: every training image is new, so there is no data.train_augment, data.flip or "
-            "data.train_fraction (set data.num_images to the size you want)"
-        )
-    train, test = (
-        ProceduralShapes(
-            n, seed=cfg.split_seed, stream=stream, img_size=src.img_size, in_chans=src.in_chans, mean=mean, std=std
-        )
-        for n, stream in ((cfg.num_images, TRAIN_STREAM), (cfg.eval_images, EVAL_STREAM))
+    if cfg.train_fraction < 1:
+        raise UserError("data.source=shapes: no data.train_fraction; set data.num_images to the size you want")
+    if src.train_augment not in ("none", "shift"):
+        raise UserError(f"data.train_augment={src.train_augment}: the shapes take none or shift (a crop may cut a marker)")
+    augment = {"augment": src.train_augment, "flip": src.flip, "shift_pixels": src.shift_pixels}
+    drawn = {"seed": cfg.split_seed, "img_size": src.img_size, "in_chans": src.in_chans, "mean": mean, "std": std}
+    moves = src.flip or (src.train_augment == "shift" and src.shift_pixels > 0)
+    train = ProceduralShapes(
+        cfg.num_images, stream=TRAIN_STREAM, augment={**augment, "fill": black_level(mean, std)} if moves else None, **drawn
     )
+    test = ProceduralShapes(cfg.eval_images, stream=EVAL_STREAM, **drawn)
     return train, test, _info(cfg, SHAPE_NAMES)
 
 

@@ -13,12 +13,14 @@ import functools
 import math
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
+from .transforms import augment_images
 
 SHAPES = ("disc", "square", "triangle", "cross", "ring")
 RELATIONS = ("above", "below")
@@ -135,7 +137,8 @@ def render_shape_image(seed: int, stream: int, index: int, size: int = 32) -> tu
 
 class ProceduralShapes(Dataset):
     """``num_images`` shape images of split ``stream``, drawn in ``__getitem__`` (kept once drawn, per process,
-    up to ``CACHE_BYTES``): (float (C, S, S) normalised by ``(x - mean) / std``, label)."""
+    up to ``CACHE_BYTES``): (float (C, S, S) normalised by ``(x - mean) / std``, label). ``augment`` (flip, shift),
+    for a subset seen several times, keeps the label: the marker stays above or below its object."""
 
     CACHE_BYTES = 512 * 2**20
 
@@ -149,6 +152,7 @@ class ProceduralShapes(Dataset):
         in_chans: int = 3,
         mean: Sequence[float] = (0.5, 0.5, 0.5),
         std: Sequence[float] = (0.5, 0.5, 0.5),
+        augment: dict[str, Any] | None = None,
     ) -> None:
         if num_images < 1:
             raise UserError(f"data.num_images: expected a positive number of images, got {num_images}")
@@ -160,6 +164,7 @@ class ProceduralShapes(Dataset):
         self.std = torch.tensor(list(std), dtype=torch.float32).view(-1, 1, 1)
         self.class_names = list(CLASS_NAMES)
         self.num_skipped = 0
+        self.augment = augment or {}  # augment_images' keywords: augment, flip, shift_pixels, fill
         fits = num_images * img_size * img_size * 3 <= self.CACHE_BYTES
         self._cache: dict[int, tuple[np.ndarray, int]] | None = {} if fits else None  # index -> (pixels, label)
 
@@ -184,7 +189,8 @@ class ProceduralShapes(Dataset):
         x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
         if self.in_chans == 1:
             x = x.mean(0, keepdim=True)
-        return (x - self.mean) / self.std, label
+        x = (x - self.mean) / self.std
+        return (augment_images(x[None], **self.augment)[0] if self.augment else x), label
 
 
 def sample_grid(path: str | Path, per_class: int = 8, seed: int = 0, size: int = 32, scale: int = 3) -> Path:

@@ -175,9 +175,10 @@ def commands(t: Table, sweep: Path) -> Html:
     facts = definitions(
         [("spec", t.spec or "–"), ("axes", ", ".join(t.axes) or "–"), ("metrics", ", ".join(t.metrics))]
     )
-    command = f"vitkit sweep {spec} --out {q_out} --aggregate-only\nvitkit report {q_out}"
+    options = f" {t.options}" if t.options else ""
+    command = f"vitkit sweep {spec}{options} --out {q_out} --aggregate-only\nvitkit report {q_out}"
     note = (
-        "Re-reads the runs (trains nothing) and writes the table, the figures and this page again (with --quick for a "
-        "sweep run with it); vitkit report writes this page and any missing run page."
+        "Re-reads the runs (trains nothing) and writes the table, the figures and this page again; vitkit report "
+        "writes this page and any missing run page."
     )
     return join([facts, code_block(command, "aggregate"), tag("p", note, cls="note")])

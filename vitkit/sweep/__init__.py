@@ -1,6 +1,7 @@
 """Sweeps: a grid (or list) of config overrides times seeds, each cell an ordinary run directory.
 
     vitkit sweep posemb --quick --jobs 2 --out runs/sweeps/posemb
+    vitkit sweep posemb --scale gpu                # the GPU scale: the spec's gpu section, its jobs at once
 
 ``run_sweep`` expands a spec (spec.py), brings every cell to its end (run.py) and writes the table and figures from
 the runs' own metrics (aggregate.py). The shipped specs, one per experiment of the paper, are in vitkit/sweeps/.
@@ -12,6 +13,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..errors import UserError
 from ..io import DirectoryLock
@@ -34,7 +37,7 @@ class SweepResult:
 def run_sweep(
     spec: str | Path | SweepSpec,
     out: str | Path | None = None,
-    jobs: int = 1,
+    jobs: int | None = None,
     aggregate_only: bool = False,
     quick: bool = False,
     log: Callable[[str], object] = print,
@@ -42,19 +45,28 @@ def run_sweep(
     run_hooks: RunHooks = NO_HOOKS,
     page: Callable[[Path], Path] | None = None,
     force: bool = False,
+    scale: str = "cpu",
 ) -> SweepResult:
-    """Run (or only aggregate) a sweep into ``out`` (default runs/sweeps/<spec name>[_quick]), locked for the life
-    of this process. ``overrides`` (``section.key=value``) go to every run after the spec's own: how this machine
+    """Run (or only aggregate) a sweep at ``scale`` (spec.py) into ``out`` (default runs/sweeps/<spec name>[_gpu]
+    [_quick]), ``jobs`` cells at once (default: the scale's), locked for the life of this process. ``overrides`` (``section.key=value``) go to every run after the spec's own: how this machine
     runs them (``run.device=cuda``), not what is compared. ``run_hooks`` go to every run; ``page(out)``, when given,
     writes the sweep's page last (the command line's writes report.html; sweep/ imports no report). ``force``
     trains again the cells whose directories hold another spec's run (run_cells)."""
     if not isinstance(spec, SweepSpec):
-        spec = load_spec(spec, quick=quick)
+        spec = load_spec(spec, quick=quick, scale=scale)
+    if spec.scale == "gpu" and not aggregate_only and not torch.cuda.is_available():
+        if not any(o.partition("=")[0].strip() == "run.device" for o in overrides):
+            raise UserError(
+                f"--scale gpu: no GPU here; add --device cpu to run it on this machine anyway (with --quick: the GPU "
+                "scale's code path in seconds)"
+            )
     if overrides:
         extra = list(overrides)
         _check_overrides(spec, extra)
         spec = replace(spec, overrides=spec.overrides + extra, finetune_overrides=spec.finetune_overrides + extra)
-    out = Path(out) if out is not None else Path("runs") / "sweeps" / (spec.name + ("_quick" if quick else ""))
+    if out is None:
+        out = Path("runs") / "sweeps" / (spec.name + ("_gpu" if spec.scale == "gpu" else "") + ("_quick" * quick))
+    out, jobs = Path(out), spec.jobs if jobs is None else jobs
     cells = spec.expand()
     if aggregate_only and not out.is_dir():
         raise UserError(f"{out}: no sweep here to aggregate (run it first, or give its --out)")

@@ -175,6 +175,7 @@ def write_table(
     atomic_write_text(csv_path, text.getvalue())
     doc = {
         "spec": str(spec.path),
+        "options": spec.options,
         "axes": axes,
         "metrics": spec.metrics,
         "rows": [{**r.values, "n": r.n, "seeds": r.seeds, "mean": r.mean, "std": r.std} for r in rows],
@@ -273,6 +274,7 @@ class Table:
     metrics: list[str]
     rows: list[Row]
     runs: list[dict[str, Any]]
+    options: str = ""  # the spec's variant: --scale gpu, --quick
 
 
 def read_table(out: Path) -> Table:
@@ -294,4 +296,4 @@ def read_table(out: Path) -> Table:
     for name in names:
         if Path(name).name != name or name in ("", ".", ".."):
             raise UserError(f"{path}: run {name!r} is not the name of a run directory inside the sweep")
-    return Table(str(doc.get("spec", "")), axes, metrics, rows, runs)
+    return Table(str(doc.get("spec", "")), axes, metrics, rows, runs, str(doc.get("options", "")))

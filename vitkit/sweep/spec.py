@@ -3,14 +3,15 @@ metrics and the figure's axes; its header says what it measures, the command, th
 
     config: digits                          # a shipped name, a path (beside the spec first) or an inline mapping
     overrides: [schedule.steps=200]         # every cell: key=value strings, or a mapping key: value
-    grid: {model.pos_embed: [none, learned]}  # a cross product of values, times the list of ``cells`` override sets
+    grid: {model.pos_embed: [none, learned]}  # a cross product of values, times the ``cells`` (sets, or lists of)
     skip: [{model.pos_embed: none, model.pos_embed_where: every_layer}]  # combinations left out
     seeds: [0, 1, 2]                        # run.seed of each repeat
     metrics: [eval_top1, train.loss, finetune.eval_top1, fewshot.5shot, attention.layer0]
     figure: {x: model.pos_embed, lines: [model.pos_embed_where], log_x: false}
     finetune: {config: {data: {source: digits}}, overrides: [...]}  # a second run per cell, from the first's model
     probes: {fewshot: {data: digits, shots: [5, 10]}, attention: {images: 256}}  # on each first run (probes.py)
-    quick: {overrides: [schedule.steps=4], seeds: [0]}  # what --quick changes (also grid, cells, finetune_overrides)
+    gpu: {overrides: [data.img_size=32], seeds: [0, 1, 2, 3, 4], jobs: 4}  # --scale gpu (SCALE_KEYS); the spec: cpu
+    quick: {overrides: [schedule.steps=4], seeds: [0]}  # --quick, after the scale (also grid, cells, ...)
 
 A cell's run directory is OUT/<name>, named by its varying values and seed: ``pos_embed-learned_seed-0``.
 """
@@ -31,9 +32,17 @@ from .probes import Probes, parse_probes
 
 MAX_RUNS = 10_000  # runs in one sweep: each is a training run; a bigger grid is a typo or a job for a cluster
 SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics", "figure", "finetune", "probes",
-             "claims", "quick")  # fmt: skip
+             "claims", "gpu", "quick")  # fmt: skip
 QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")
+SCALES = ("cpu", "gpu")  # cpu: the spec as written (minutes on 2 cores); gpu: its ``gpu`` section (one GPU)
+# what a scale section may set: overrides add to the spec's, the others replace them; jobs: cells at once by default
+SCALE_KEYS = (*QUICK_KEYS, "skip", "claims", "metrics", "probes", "jobs")
+LATER_KEYS = ("claims", "metrics", "probes")  # read once the variant's sections are applied
 PRETRAIN = "pretrain"  # a cell key, not a config key: ``pretrain: false`` trains the finetune stage from scratch
+# ``pretrain: untrained``: the first run is its model's initialisation, saved, probed and fine-tuned like a trained
+# one (the untrained-features baseline): one step at learning rate 0, which leaves every weight as it was drawn
+UNTRAINED = "untrained"
+UNTRAINED_OVERRIDES = ("schedule.steps=1", "schedule.epochs=none", "schedule.warmup_steps=0", "optim.lr=0")
 FINETUNE = "finetune"  # the prefix of the finetune stage's metrics, and the suffix of its run directories
 COMPUTE = "compute"  # a metric and a figure x: the first run's training FLOPs (aggregate.training_flops)
 
@@ -78,7 +87,8 @@ class Cell:
         return dict(self.values).get(PRETRAIN, True) is not False
 
     def overrides(self) -> list[str]:
-        return [f"{k}={value_text(v)}" for k, v in self.values if k != PRETRAIN]
+        untrained = dict(self.values).get(PRETRAIN) == UNTRAINED
+        return [f"{k}={value_text(v)}" for k, v in self.values if k != PRETRAIN] + [*UNTRAINED_OVERRIDES] * untrained
 
 
 @dataclass(frozen=True)
@@ -116,6 +126,14 @@ class SweepSpec:
     finetune_overrides: list[str] = field(default_factory=list)
     probes: Probes = field(default_factory=Probes)
     claims: list[Claim] = field(default_factory=list)
+    scale: str = "cpu"
+    quick: bool = False
+    jobs: int = 1  # cells at once unless the command line says
+
+    @property
+    def options(self) -> str:
+        """The command-line options that load this variant of the spec."""
+        return " ".join(["--scale gpu"] * (self.scale == "gpu") + ["--quick"] * self.quick)
 
     @property
     def name(self) -> str:
@@ -209,6 +227,21 @@ def _mappings(doc: Any, where: str) -> list[dict[str, Any]]:
     return [{str(k): v for k, v in c.items()} for c in items]
 
 
+def _cells(doc: Any, where: str) -> list[dict[str, Any]]:
+    """``cells``: a list of override sets, or a list of such lists, whose product is taken (a model per set of one
+    list, a data size and its budget per set of another): each product merges one set of every list."""
+    if not isinstance(doc, list) or not doc or not all(isinstance(item, list) for item in doc):
+        return _mappings(doc, where)
+    product: list[dict[str, Any]] = [{}]
+    for i, factor in enumerate(doc):
+        sets = _mappings(factor, f"{where}[{i}]")
+        clash = sorted({k for a in product for b in sets for k in set(a) & set(b)})
+        if clash:
+            raise UserError(f"{where}[{i}]: keys {clash} are in more than one of the lists; give each in one")
+        product = [{**a, **b} for a in product for b in sets]
+    return product
+
+
 def _claims(doc: Any, where: str, metrics: list[str], axes: list[str]) -> list[Claim]:
     """``claims: [{metric: M, higher: {key: value, ...}, lower: {...}}]``, each side naming keys that vary."""
     claims = []
@@ -255,21 +288,28 @@ def _read_spec(name_or_path: str | Path) -> tuple[Path, dict[str, Any]]:
     return path, doc
 
 
-def _quick(path: Path, doc: dict[str, Any], spec: dict[str, Any]) -> None:
-    """The spec's ``quick`` section applied to its parsed values (``--quick``)."""
-    q = _mapping(doc.get("quick"), f"{path}: quick")
+def _variant(path: Path, doc: dict[str, Any], section: str, values: dict[str, Any]) -> None:
+    """The spec's ``section`` (quick, gpu) applied to its parsed values: overrides add, the rest replace."""
+    q = _mapping(doc.get(section), f"{path}: {section}")
     if not q:
-        raise UserError(f"{path}: no quick section, so no --quick variant")
-    bad = sorted(set(q) - set(QUICK_KEYS))
+        what = "no --quick variant" if section == "quick" else f"no --scale {section}"
+        raise UserError(f"{path}: no {section} section, so {what}")
+    allowed = QUICK_KEYS if section == "quick" else SCALE_KEYS
+    bad = sorted(set(q) - set(allowed))
     if bad:
-        raise UserError(f"{path}: quick: unknown keys {bad}; expected some of {', '.join(QUICK_KEYS)}")
-    spec["overrides"] += _override_list(q.get("overrides"), f"{path}: quick.overrides")
-    spec["finetune_overrides"] += _override_list(q.get("finetune_overrides"), f"{path}: quick.finetune_overrides")
-    spec["grid"] = {**spec["grid"], **_grid(q.get("grid"), f"{path}: quick.grid")}
-    if "cells" in q:
-        spec["cells"] = _mappings(q["cells"], f"{path}: quick.cells")
-    if "seeds" in q:
-        spec["seeds"] = _seeds(q["seeds"], f"{path}: quick.seeds")
+        raise UserError(f"{path}: {section}: unknown keys {bad}; expected some of {', '.join(allowed)}")
+    at = f"{path}: {section}"
+    values["overrides"] += _override_list(q.get("overrides"), f"{at}.overrides")
+    values["finetune_overrides"] += _override_list(q.get("finetune_overrides"), f"{at}.finetune_overrides")
+    values["grid"] = {**values["grid"], **_grid(q.get("grid"), f"{at}.grid")}
+    for key, parse in (("cells", _cells), ("skip", _mappings), ("seeds", _seeds)):
+        if key in q:
+            values[key] = parse(q[key], f"{at}.{key}")
+    values["later"].update({k: q[k] for k in LATER_KEYS if k in q})
+    if "jobs" in q:
+        if type(q["jobs"]) is not int or q["jobs"] < 1:
+            raise UserError(f"{at}.jobs: expected a positive number of cells at once, got {q['jobs']!r}")
+        values["jobs"] = q["jobs"]
 
 
 def _check_metrics(path: Path, metrics: list[str], probes: Probes, has_finetune: bool) -> None:
@@ -283,13 +323,17 @@ def _check_metrics(path: Path, metrics: list[str], probes: Probes, has_finetune:
             raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>")
 
 
-def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
-    """A spec file (or the stem of a shipped one), with its ``quick`` section applied when asked."""
+def load_spec(name_or_path: str | Path, quick: bool = False, scale: str = "cpu") -> SweepSpec:
+    """A spec file (or the stem of a shipped one) at ``scale`` (its ``gpu`` section applied for "gpu"), then its
+    ``quick`` section when asked."""
+    if scale not in SCALES:
+        raise UserError(f"--scale {scale}: expected one of {', '.join(SCALES)}")
     path, doc = _read_spec(name_or_path)
     values: dict[str, Any] = {
+        "later": {k: doc.get(k) for k in LATER_KEYS},
         "overrides": _override_list(doc.get("overrides"), f"{path}: overrides"),
         "grid": _grid(doc.get("grid"), f"{path}: grid"),
-        "cells": _mappings(doc.get("cells"), f"{path}: cells"),
+        "cells": _cells(doc.get("cells"), f"{path}: cells"),
         "skip": _mappings(doc.get("skip"), f"{path}: skip"),
         "seeds": _seeds(doc.get("seeds"), f"{path}: seeds"),
     }
@@ -297,12 +341,15 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
     values["finetune_overrides"] = _override_list(finetune.get("overrides"), f"{path}: finetune.overrides")
     if finetune and not isinstance(finetune.get("config"), (str, dict)):
         raise UserError(f"{path}: finetune.config: expected the finetune stage's config (a name, a path or a mapping)")
+    if scale != "cpu":
+        _variant(path, doc, scale, values)
     if quick:
-        _quick(path, doc, values)
-    metrics = doc.get("metrics") or ["eval_top1"]
+        _variant(path, doc, "quick", values)
+    later = values.pop("later")
+    metrics = later["metrics"] or ["eval_top1"]
     if not isinstance(metrics, list) or not all(isinstance(m, str) for m in metrics):
         raise UserError(f"{path}: metrics: expected a list of metric names, got {metrics!r}")
-    probes = parse_probes(doc.get("probes"), f"{path}: probes")
+    probes = parse_probes(later["probes"], f"{path}: probes")
     _check_metrics(path, metrics, probes, bool(finetune))
     figure = _mapping(doc.get("figure"), f"{path}: figure")
     spec = SweepSpec(
@@ -314,10 +361,12 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
         log_x=bool(figure.get("log_x", False)),
         finetune_config=finetune.get("config"),
         probes=probes,
+        scale=scale,
+        quick=quick,
         **values,
     )
-    if any(c.get(PRETRAIN, True) not in (True, False) for c in spec.cells):
-        raise UserError(f"{path}: cells: {PRETRAIN} is true or false")
+    if any(c.get(PRETRAIN, True) not in (True, False, UNTRAINED) for c in spec.cells):
+        raise UserError(f"{path}: cells: {PRETRAIN} is true, false or {UNTRAINED}")
     if any(c.get(PRETRAIN, True) is False for c in spec.cells) and not finetune:
         raise UserError(f"{path}: a cell with {PRETRAIN}: false needs a {FINETUNE} stage to run")
     if spec.figure_x == COMPUTE and COMPUTE not in spec.metrics:
@@ -325,6 +374,6 @@ def load_spec(name_or_path: str | Path, quick: bool = False) -> SweepSpec:
     for key in [k for k in (spec.figure_x, *spec.figure_lines) if k is not None and k != COMPUTE]:
         if key not in spec.axes:
             raise UserError(f"{path}: figure: {key!r} is not a key that varies ({', '.join(spec.axes) or 'none'})")
-    spec = replace(spec, claims=_claims(doc.get("claims"), f"{path}: claims", spec.metrics, spec.axes))
+    spec = replace(spec, claims=_claims(later["claims"], f"{path}: claims", spec.metrics, spec.axes))
     _check_claims(spec, quick)
     return spec
