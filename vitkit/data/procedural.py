@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,11 @@ from ..errors import UserError
 SHAPES = ("disc", "square", "triangle", "cross", "ring")
 RELATIONS = ("above", "below")
 CLASS_NAMES = [f"{shape}_{where}" for shape in SHAPES for where in RELATIONS]  # label = 2 * shape + relation
+# the label's factors, each a function of a label tensor: which shape, and on which side of it the marker is
+LABEL_PARTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "shape": lambda label: label // len(RELATIONS),
+    "side": lambda label: label % len(RELATIONS),
+}
 TRAIN_STREAM, EVAL_STREAM = 0, 1
 _BACKGROUNDS = 4
 
@@ -138,6 +143,7 @@ class ProceduralShapes(Dataset):
     up to ``CACHE_BYTES``): (float (C, S, S) normalised by ``(x - mean) / std``, label)."""
 
     CACHE_BYTES = 512 * 2**20
+    label_parts = LABEL_PARTS  # what the sweep's parts probe scores apart
 
     def __init__(
         self,
