@@ -207,6 +207,7 @@ def test_inspect_cli_writes_figures_that_open(tmp_path):
     for name in written:
         _open_png(out / name)
     assert "attention_distance.png" in (out / "index.md").read_text()
+    assert "layer 2 left out (its patch queries feed no output)" in (out / "index.md").read_text()  # class token
 
 
 def test_inspect_cli_reports_what_it_skips(tmp_path, capsys):

@@ -1,24 +1,40 @@
 """A sweep's probes and its from-scratch baseline: few-shot accuracy equal to ``vitkit fewshot``'s on the same
-model, the attention probe against a closed form, a ResNet's blank attention, and a ``pretrain: false`` cell that
-trains the finetune stage alone from the first stage's model settings."""
+model, the attention probe against a closed form and blind to a class-token model's untrained last-layer queries, the
+parts probe against plain torch and a model that always picks the wrong side, a ResNet's blank attention, and a
+``pretrain: false`` cell that trains the finetune stage alone from the first stage's model settings."""
 
 from __future__ import annotations
 
 import itertools
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 import yaml
+from safetensors.torch import save_file
+from torch import nn
 
 from vitkit.cli import main
+from vitkit.data import TensorImageDataset
+from vitkit.data.procedural import CLASS_NAMES, EVAL_STREAM, LABEL_PARTS, RELATIONS, SHAPES, ProceduralShapes
 from vitkit.errors import UserError
 from vitkit.hub import load_model
+from vitkit.inspect.attention import attention_distance
 from vitkit.models.vit import VisionTransformer
 from vitkit.sweep import load_spec, run_sweep
-from vitkit.sweep.probes import ATTENTION_FILE, FEWSHOT_FILE, Probes, probe_metric, run_probes
+from vitkit.sweep.probes import (
+    ATTENTION_FILE,
+    FEWSHOT_FILE,
+    PARTS_FILE,
+    Probes,
+    label_part_accuracy,
+    probe_metric,
+    run_probes,
+)
 from vitkit.sweep.run import plan_cell, run_status
 
 TINY = {
@@ -72,18 +88,131 @@ def test_the_attention_probe_gives_the_closed_form_of_uniform_attention(tmp_path
     run_dir = tmp_path / "out" / "depth-2_seed-0"
     model = load_model(run_dir)
     _uniform_attention(model)
-    from safetensors.torch import save_file
-
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(run_dir / "model.safetensors"))
     run_probes(Probes(attention_images=7), run_dir)
     centres = [(4 * r, 4 * c) for r in range(4) for c in range(4)]
     expected = sum(math.dist(a, b) for a, b in itertools.product(centres, centres)) / len(centres) ** 2
     doc = json.loads((run_dir / ATTENTION_FILE).read_text())
     assert doc["images"] == 7 and doc["uniform"] == pytest.approx(expected, rel=1e-9)
-    assert torch.tensor(doc["distance"]) == pytest.approx(torch.full((2, 2), expected), rel=1e-5)
-    assert probe_metric(run_dir, "attention.layer1") == pytest.approx(expected, rel=1e-5)
+    assert doc["untrained_layers"] == [1] and doc["distance"][1] is None  # a class-token model's last layer
+    assert doc["distance"][0] == pytest.approx([expected] * 2, rel=1e-5)
+    assert probe_metric(run_dir, "attention.layer0") == pytest.approx(expected, rel=1e-5)
+    assert probe_metric(run_dir, "attention.layer1") is None
     sim = torch.tensor(doc["position_similarity"])  # (4, 4, 4, 4) cosine similarities: 1 on the diagonal
     assert sim.shape == (4, 4, 4, 4) and all(sim[r, c, r, c] == pytest.approx(1.0) for r in range(4) for c in range(4))
+
+
+SHAPES_DATA = {"source": "shapes", "img_size": 16, "num_images": 128, "eval_images": 48}
+
+
+@pytest.fixture(scope="module")
+def shapes_sweep(tmp_path_factory):
+    """A class-token and a GAP ViT, 4 steps on 16 px shapes, measured by the attention and parts probes."""
+    tmp = tmp_path_factory.mktemp("shapes")
+    spec = _spec(
+        tmp / "s.yaml",
+        config={**TINY, "data": SHAPES_DATA},
+        grid={"model.classifier": ["token", "gap"]},
+        metrics=["attention.layer0", "attention.layer1", "parts.shape", "parts.side"],
+        probes={"attention": {"images": 8}, "parts": {}},
+    )
+    result = run_sweep(spec, tmp / "out", log=lambda line: None)
+    assert result.failed == {}
+    return result
+
+
+def _held_out_shapes(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first n held-out images of SHAPES_DATA, drawn here, and their labels."""
+    data = ProceduralShapes(n, stream=EVAL_STREAM, img_size=16)
+    return torch.stack([data[i][0] for i in range(n)]), data.labels
+
+
+def test_a_class_token_models_last_layer_is_not_measured_and_a_gap_models_every_layer_is(shapes_sweep):
+    token, gap = (json.loads((shapes_sweep.out / f"classifier-{c}_seed-0" / ATTENTION_FILE).read_text())
+                  for c in ("token", "gap"))  # fmt: skip
+    assert token["untrained_layers"] == [1] and token["distance"][1] is None and len(token["distance"][0]) == 2
+    assert gap["untrained_layers"] == [] and [len(row) for row in gap["distance"]] == [2, 2]
+    rows = {row.values["model.classifier"]: row.mean for row in shapes_sweep.rows}
+    assert rows["token"]["attention.layer1"] is None  # a blank cell in the table
+    assert rows["token"]["attention.layer0"] == pytest.approx(sum(token["distance"][0]) / 2)
+    assert rows["gap"]["attention.layer1"] == pytest.approx(sum(gap["distance"][1]) / 2)
+    assert shapes_sweep.out / "attention_distance.png" in shapes_sweep.files
+
+
+def test_the_attention_probe_is_blind_to_the_untrained_queries_of_a_class_token_models_last_layer(
+    shapes_sweep, tmp_path
+):
+    """Turn the last block's query weights only where the class token's queries do not reach: the model's outputs
+    stay, its last layer's patch-query attention changes, and the probe records the same."""
+    run_dir = tmp_path / "token"
+    shutil.copytree(shapes_sweep.out / "classifier-token_seed-0", run_dir)
+    recorded = (run_dir / ATTENTION_FILE).read_text()
+    (run_dir / ATTENTION_FILE).unlink()
+    model = load_model(run_dir).eval()
+    images, _ = _held_out_shapes(8)  # the probe's
+    block, width = model.blocks[-1], model.config.width
+    seen = []
+    hook = block.norm1.register_forward_hook(lambda module, args, out: seen.append(out[:, 0]))
+    with torch.no_grad():
+        logits = model(images)
+    hook.remove()
+    basis, _ = torch.linalg.qr(seen[0].T.double())  # (D, 8): the class token's inputs to the last attention
+    away = torch.eye(width, dtype=torch.float64) - basis @ basis.T  # what of an input the class token never has
+    turn = 3 * torch.randn(width, width, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    before = attention_distance(model, images)
+    with torch.no_grad():
+        block.attn.qkv.weight[:width] += (turn @ away).float()  # the query rows
+        torch.testing.assert_close(model(images), logits, rtol=0, atol=1e-5)
+    after = attention_distance(model, images)
+    assert (after[:-1] == before[:-1]).all() and abs(after[-1] - before[-1]).max() > 0.1
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(run_dir / "model.safetensors"))
+    run_probes(Probes(attention_images=8), run_dir)
+    assert (run_dir / ATTENTION_FILE).read_text() == recorded
+
+
+def test_the_parts_probe_scores_shape_and_side_as_plain_torch_does(shapes_sweep):
+    run_dir = shapes_sweep.out / "classifier-token_seed-0"
+    doc = json.loads((run_dir / PARTS_FILE).read_text())
+    images, labels = _held_out_shapes(48)  # every held-out image
+    with torch.no_grad():
+        pred = load_model(run_dir).eval()(images).argmax(dim=1)
+    expected = {
+        "top1": (pred == labels).double().mean().item(),
+        "shape": (pred // 2 == labels // 2).double().mean().item(),
+        "side": (pred % 2 == labels % 2).double().mean().item(),
+    }
+    assert doc == {"images": 48, "accuracy": expected}
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])  # the run's own evaluation
+    assert last["kind"] == "eval" and last["eval_images"] == 48 and last["eval_top1"] == pytest.approx(expected["top1"])
+    token = next(row.mean for row in shapes_sweep.rows if row.values["model.classifier"] == "token")
+    assert token["parts.shape"] == expected["shape"] and token["parts.side"] == expected["side"]
+
+
+class _WrongSide(nn.Module):
+    """Each image's shape with the marker on the wrong side, from the labels of the images in the order shown."""
+
+    def __init__(self, labels: torch.Tensor) -> None:
+        super().__init__()
+        self.labels, self.seen, self.modes = labels, 0, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.modes.append((self.training, torch.is_inference_mode_enabled()))
+        y = self.labels[self.seen : self.seen + len(x)]
+        self.seen += len(x)
+        return F.one_hot(2 * (y // 2) + 1 - y % 2, len(CLASS_NAMES)).float()
+
+
+def test_a_model_that_always_picks_the_wrong_side_gets_every_shape_and_no_side():
+    names = [f"{SHAPES[LABEL_PARTS['shape'](y)]}_{RELATIONS[LABEL_PARTS['side'](y)]}" for y in torch.arange(10)]
+    assert names == CLASS_NAMES  # the parts name the classes
+    data = ProceduralShapes(30, stream=EVAL_STREAM, img_size=8)
+    model = _WrongSide(data.labels).train()
+    doc = label_part_accuracy(model, data, max_images=25, batch_size=10)
+    assert doc == {"images": 25, "accuracy": {"top1": 0.0, "shape": 1.0, "side": 0.0}}
+    assert model.seen == 25 and model.modes == [(False, True)] * 3 and model.training  # eval mode, then restored
+    digits_like = TensorImageDataset(torch.zeros(4, 3, 8, 8), torch.arange(4))
+    with pytest.raises(UserError, match="probes.parts: the labels of TensorImageDataset do not factor"):
+        label_part_accuracy(model, digits_like)
 
 
 def test_a_resnet_has_no_attention_and_its_metric_is_blank(tmp_path):
@@ -142,3 +271,11 @@ def test_probe_and_baseline_specs_are_checked(tmp_path):
         load_spec(_spec(tmp_path / "d.yaml", probes={"linear": {}}))
     with pytest.raises(UserError, match="needs a finetune stage"):
         load_spec(_spec(tmp_path / "e.yaml", grid={}, cells=[{"pretrain": False}]))
+    with pytest.raises(UserError, match="'parts.shape': not one of the parts probe's"):
+        load_spec(_spec(tmp_path / "f.yaml", metrics=["parts.shape"]))  # no probe
+    with pytest.raises(UserError, match="parts.colour"):
+        load_spec(_spec(tmp_path / "g.yaml", metrics=["parts.colour"], probes={"parts": {}}))
+    with pytest.raises(UserError, match="probes.parts"):
+        load_spec(_spec(tmp_path / "h.yaml", probes={"parts": {"images": 0}}))
+    spec = load_spec(_spec(tmp_path / "i.yaml", metrics=["parts.side"], probes={"parts": {"images": 9}}))
+    assert spec.probes == Probes(parts=True, parts_images=9) and spec.probes.files == [PARTS_FILE]

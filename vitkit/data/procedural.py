@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,11 @@ from .transforms import augment_images
 SHAPES = ("disc", "square", "triangle", "cross", "ring")
 RELATIONS = ("above", "below")
 CLASS_NAMES = [f"{shape}_{where}" for shape in SHAPES for where in RELATIONS]  # label = 2 * shape + relation
+# the label's factors, each a function of a label tensor: which shape, and on which side of it the marker is
+LABEL_PARTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "shape": lambda label: label // len(RELATIONS),
+    "side": lambda label: label % len(RELATIONS),
+}
 TRAIN_STREAM, EVAL_STREAM = 0, 1
 _BACKGROUNDS = 4
 
@@ -141,6 +146,7 @@ class ProceduralShapes(Dataset):
     for a subset seen several times, keeps the label: the marker stays above or below its object."""
 
     CACHE_BYTES = 512 * 2**20
+    label_parts = LABEL_PARTS  # what the sweep's parts probe scores apart
 
     def __init__(
         self,

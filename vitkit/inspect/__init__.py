@@ -12,6 +12,7 @@ from .attention import (
     record_attention,
     rollout_map,
     token_distances,
+    untrained_layers,
     upsample_map,
 )
 from .embeddings import patch_filter_components, position_embedding_grid, position_similarity
@@ -32,6 +33,7 @@ __all__ = [
     "record_attention",
     "rollout_map",
     "token_distances",
+    "untrained_layers",
     "upsample_map",
     "write_inspection",
 ]

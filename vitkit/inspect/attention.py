@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import UserError
 from ..evaluate.loop import evaluating
 from ..models import VisionTransformer
+from ..models.heads import FIRST_TOKEN
 
 Attention = torch.Tensor | Sequence[torch.Tensor]  # (L, B, nh, N, N) or L x (B, nh, N, N)
 
@@ -131,7 +132,8 @@ def mean_attention_distance(
 ) -> torch.Tensor:
     """Mean attention distance in input pixels per layer and head, averaged over images and queries: (L, nh). Per patch
     query, the distance to each patch key weighted by its attention (a CNN's receptive field size, paper Fig 7 right).
-    The class token has no position: its row is left out, patch queries' weights renormalised over patch keys."""
+    Queries: the patch tokens' only; the class token has no position, so its row and column are left out and each
+    patch query's weights renormalised over the patch keys."""
     attn = _stack(attention)
     n = grid[0] * grid[1]
     if attn.shape[-1] != num_prefix_tokens + n:
@@ -160,3 +162,11 @@ def attention_distance(model: nn.Module, images: torch.Tensor, batch_size: int =
         count += b
     assert total is not None  # images is not empty
     return (total / count).cpu().numpy()
+
+
+def untrained_layers(model: VisionTransformer) -> list[int]:
+    """The layers that the attention distance (an average over patch queries) leaves out, because training never
+    shapes their patch queries' attention: the last layer of a model whose classifier reads the first token alone
+    (the class token, or one patch token for "first"), as that layer's other outputs are dropped; none when the
+    pooling reads every token (GAP, MAP)."""
+    return [len(model.blocks) - 1] if model.config.classifier in FIRST_TOKEN else []

@@ -124,7 +124,8 @@ def plot_position_similarity(similarity: np.ndarray, path: str | Path, title: st
 def plot_attention_distance(
     distance: np.ndarray, path: str | Path, title: str = "", reference: float | None = None, subtitle: str = ""
 ) -> Path:
-    """Mean attention distance (L, nh) of every head against depth; ``reference``: uniform attention's."""
+    """Mean attention distance (L, nh) of every head against depth; ``reference``: uniform attention's. A layer of
+    NaN (not measured) has no dots."""
     dist = np.asarray(distance, dtype=np.float64)
     layers, heads = dist.shape
     fig = Figure(figsize=(max(4.5, 0.35 * layers + 2.5), 4.0))
@@ -137,7 +138,7 @@ def plot_attention_distance(
         ax.axhline(reference, color="0.5", linestyle="--", linewidth=1, zorder=2, label="uniform\nattention")
     ax.set_xlim(0.3, layers + 0.7)
     ax.set_xticks(depth if layers <= 16 else depth[:: -(-layers // 16)])
-    top = max(dist.max(), reference or 0.0)
+    top = max(np.nanmax(dist), reference or 0.0)
     ax.set_ylim(0, 1.1 * top if top > 0 else 1)
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")

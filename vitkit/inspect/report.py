@@ -35,6 +35,7 @@ from .attention import (
     record_attention,
     rollout_map,
     token_distances,
+    untrained_layers,
     upsample_map,
 )
 from .embeddings import patch_filter_components, position_embedding_grid, position_similarity
@@ -253,17 +254,24 @@ def inspect_checkpoint(
 
 
 def _draw_distance(model: VisionTransformer, index: _Index, title: str, sample: torch.Tensor) -> None:
-    """Fig 7 right / Fig 11: the mean attention distance per head and layer over the sample (B, C, H, W)."""
+    """Fig 7 right / Fig 11: the mean attention distance per head and layer over the sample (B, C, H, W), of the
+    layers whose patch queries are trained."""
+    untrained = untrained_layers(model)
+    if len(untrained) == len(model.blocks):
+        index.skip("mean attention distance (Fig 7 right)", "its one layer's patch queries feed no output")
+        return
     dist = attention_distance(model, sample.to(next(model.parameters()).device))  # (L, nh)
+    dist[untrained] = np.nan  # drawn as no dots
     uniform = float(token_distances(model.grid, model.config.stride).mean())
+    left_out = f"; layer {untrained[0] + 1} left out (its patch queries feed no output)" if untrained else ""
     path = figures.plot_attention_distance(
         dist,
         index.out / "attention_distance.png",
         title="Mean attention distance",
         reference=uniform,
-        subtitle=f"{title}; averaged over {len(sample)} image(s)",
+        subtitle=f"{title}; averaged over {len(sample)} image(s){left_out}",
     )
-    what = f"mean attention distance (pixels) per head and layer, {len(sample)} images"
+    what = f"mean attention distance (pixels) per head and layer, {len(sample)} images{left_out}"
     index.add(path, "Fig 7 right / Fig 11", what)
 
 

@@ -1,32 +1,38 @@
 """Measurements of a cell's trained model beyond its training metrics, each written once to a JSON file in the
 run directory, so that aggregation reads them like the run's own metrics.
 
-    probes:
-      fewshot: {data: digits, overrides: [data.in_chans=3], shots: [5, 10], seeds: 3}
-      attention: {images: 256}
+    probes: {fewshot: {data: digits, overrides: [data.in_chans=3], shots: [5, 10]}, attention: {images: 256}, parts: {}}
 
 - ``fewshot`` (paper sec 4.1): few-shot linear accuracy of the frozen model on another dataset, in the
   ``fewshot.json`` that ``vitkit fewshot`` writes; metrics ``fewshot.<k>shot``, the mean over its seeds.
-- ``attention`` (paper fig. 7): the mean attention distance of every layer and head over the first ``images``
-  held-out images, and the position embeddings' similarity, in ``attention.json``; metrics ``attention.layer<i>``,
-  averaged over heads (blank for a model without attention).
+- ``attention`` (paper fig. 7): the mean attention distance (over patch queries) of every layer and head over the
+  first ``images`` held-out images, and the position embeddings' similarity, in ``attention.json``; metrics
+  ``attention.layer<i>``, averaged over heads, blank for a model without attention and for a layer whose patch
+  queries are untrained (inspect.attention.untrained_layers: a class-token model's last; null in the file).
+- ``parts``: accuracy on each factor of the label (data.procedural.LABEL_PARTS: the shapes' shape and side) and
+  top-1, over the first ``images`` held-out images (default all), in ``parts.json``; metrics ``parts.<factor>``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
+from torch.utils.data import Dataset, Subset
 
+from ..data.procedural import LABEL_PARTS
 from ..errors import UserError
 from ..io import atomic_write_text
 from ..train.overrides import value_text
 
-PROBE_KEYS = ("fewshot", "attention")
-FEWSHOT_FILE, ATTENTION_FILE = "fewshot.json", "attention.json"
+PROBE_KEYS = ("fewshot", "attention", "parts")
+FEWSHOT_FILE, ATTENTION_FILE, PARTS_FILE = "fewshot.json", "attention.json", "parts.json"
+FILES = {"fewshot": FEWSHOT_FILE, "attention": ATTENTION_FILE, "parts": PARTS_FILE}
 FEWSHOT_KEYS = {"data", "overrides", "shots", "seeds"}
 
 
@@ -39,17 +45,22 @@ class Probes:
     fewshot_shots: tuple[int, ...] = (5, 10)
     fewshot_seeds: int = 3
     attention_images: int = 0  # 0: no attention probe
+    parts: bool = False
+    parts_images: int = 0  # 0: every held-out image
 
     @property
     def files(self) -> list[str]:
-        return [FEWSHOT_FILE] * bool(self.fewshot_data) + [ATTENTION_FILE] * bool(self.attention_images)
+        wanted = (bool(self.fewshot_data), bool(self.attention_images), self.parts)
+        return [name for name, want in zip(FILES.values(), wanted) if want]
 
     def done(self, run_dir: Path) -> bool:
         return all((run_dir / name).is_file() for name in self.files)
 
-    def metrics(self) -> list[str]:
-        """Every metric name these probes can give (``attention.layer<i>`` for any i)."""
-        return [f"fewshot.{k}shot" for k in self.fewshot_shots] * bool(self.fewshot_data)
+    def metrics(self, kind: str = "") -> list[str]:
+        """Every metric name these probes can give (``attention.layer<i>`` for any i aside), of ``kind`` if given."""
+        names = [f"fewshot.{k}shot" for k in self.fewshot_shots] * bool(self.fewshot_data)
+        names += [f"parts.{name}" for name in LABEL_PARTS] * self.parts
+        return [m for m in names if m.startswith(f"{kind}.") or not kind]
 
 
 def parse_probes(doc: Any, where: str) -> Probes:
@@ -81,6 +92,12 @@ def parse_probes(doc: Any, where: str) -> Probes:
         if not isinstance(images, int) or images < 1 or set(att) - {"images"}:
             raise UserError(f"{where}.attention: expected {{images: N}} with N > 0, got {att!r}")
         kwargs["attention_images"] = images
+    if "parts" in doc:
+        parts = doc["parts"]
+        images = parts.get("images", 0) if isinstance(parts, dict) else None  # 0: all
+        if not isinstance(images, int) or (images < 1 and "images" in parts) or set(parts) - {"images"}:
+            raise UserError(f"{where}.parts: expected {{}} or {{images: N}} with N > 0, got {parts!r}")
+        kwargs.update(parts=True, parts_images=images)
     return Probes(**kwargs)
 
 
@@ -101,35 +118,64 @@ def run_probes(probes: Probes, run_dir: Path) -> None:
         result = fewshot(model, train, test, probes.fewshot_shots, probes.fewshot_seeds, num_classes=info.num_classes)
         doc = result.record(str(run_dir), cfg.to_dict())
         atomic_write_text(run_dir / FEWSHOT_FILE, json.dumps(doc, indent=2) + "\n")
-    if probes.attention_images and not (run_dir / ATTENTION_FILE).is_file():
-        doc = _attention(model, run_dir, metadata, prep, probes)
+    missing = [name for name in (ATTENTION_FILE, PARTS_FILE) if name in probes.files and not (run_dir / name).is_file()]
+    if not missing:
+        return
+    _, held_out, _ = build_datasets(checkpoint_data(run_dir, metadata, prep))  # the run's own held-out split
+    if ATTENTION_FILE in missing:
+        doc = _attention(model, held_out, probes.attention_images)
         atomic_write_text(run_dir / ATTENTION_FILE, json.dumps(doc) + "\n")
+    if PARTS_FILE in missing:
+        doc = label_part_accuracy(model, held_out, probes.parts_images)
+        atomic_write_text(run_dir / PARTS_FILE, json.dumps(doc, indent=2) + "\n")
 
 
-def _attention(model: torch.nn.Module, run_dir: Path, metadata: dict[str, Any], prep: Any, probes: Probes) -> dict:
-    from ..data import build_datasets
-    from ..inspect.attention import attention_distance, token_distances
+def _attention(model: nn.Module, held_out: Dataset, max_images: int) -> dict:
+    from ..inspect.attention import attention_distance, token_distances, untrained_layers
     from ..inspect.embeddings import position_embedding_grid, position_similarity
     from ..models.vit import VisionTransformer
-    from ..train.run_eval import checkpoint_data
 
     if not isinstance(model, VisionTransformer):
         return {"skipped": f"{type(model).__name__} has no attention"}
-    _, held_out, _ = build_datasets(checkpoint_data(run_dir, metadata, prep))
-    n = min(probes.attention_images, len(held_out))  # type: ignore[arg-type]  # vitkit's datasets are sized
+    n = min(max_images, len(held_out))  # type: ignore[arg-type]  # vitkit's datasets are sized
     images = torch.stack([held_out[i][0] for i in range(n)])
-    distance = attention_distance(model, images)  # (L, nh)
+    distance = attention_distance(model, images).tolist()  # (L, nh)
+    untrained = untrained_layers(model)
     uniform = token_distances(model.grid, model.config.stride).mean()  # every patch attended alike
-    doc: dict[str, Any] = {"images": n, "distance": distance.tolist(), "uniform": float(uniform)}
+    doc: dict[str, Any] = {
+        "images": n,
+        "distance": [None if i in untrained else row for i, row in enumerate(distance)],  # None: not measured
+        "untrained_layers": untrained,
+        "uniform": float(uniform),
+    }
     if model.config.pos_embed != "none" and model.config.pos_embed != "relative":
         doc["position_similarity"] = position_similarity(position_embedding_grid(model)).tolist()
     return doc
 
 
+def label_part_accuracy(model: nn.Module, data: Dataset, max_images: int = 0, batch_size: int = 64) -> dict[str, Any]:
+    """Top-1 and the accuracy on each factor of the label (``data.label_parts``: name -> function of labels) over
+    the first ``max_images`` of data (0: all): a prediction gets a factor right when its factor is the label's."""
+    from ..evaluate.loop import batches, evaluating
+
+    parts = getattr(data, "label_parts", None)
+    if not parts:
+        raise UserError(f"probes.parts: the labels of {type(data).__name__} do not factor (the shapes' do)")
+    n = min(max_images or len(data), len(data))  # type: ignore[arg-type]  # vitkit's datasets are sized
+    predicted, labels = [], []
+    with evaluating(model), torch.inference_mode():
+        for x, y in batches(Subset(data, range(n)), batch_size):
+            predicted.append(model(x).argmax(dim=-1))
+            labels.append(y)
+    pred, true = torch.cat(predicted), torch.cat(labels)
+    right = {"top1": pred == true, **{name: part(pred) == part(true) for name, part in parts.items()}}
+    return {"images": n, "accuracy": {name: r.double().mean().item() for name, r in right.items()}}
+
+
 def probe_metric(run_dir: Path, metric: str) -> float | None:
-    """A ``fewshot.<k>shot`` or ``attention.layer<i>`` metric from the run's probe file (None: no attention)."""
+    """A probe's metric from the run's probe file (None: no attention, or a layer not measured)."""
     kind, _, name = metric.partition(".")
-    path = run_dir / (FEWSHOT_FILE if kind == "fewshot" else ATTENTION_FILE)
+    path = run_dir / FILES[kind]
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -139,11 +185,14 @@ def probe_metric(run_dir: Path, metric: str) -> float | None:
         if shots not in doc.get("results", {}):
             raise UserError(f"metrics: {metric!r}: {path} has shots {sorted(doc.get('results', {}))}")
         return float(doc["results"][shots]["mean"])
+    if kind == "parts":
+        if name not in doc["accuracy"]:
+            raise UserError(f"metrics: {metric!r}: {path} has {sorted(doc['accuracy'])}")
+        return float(doc["accuracy"][name])
     if "skipped" in doc:
         return None
-    layer = int(name.removeprefix("layer"))
-    row = doc["distance"][layer]
-    return float(sum(row) / len(row))
+    row = doc["distance"][int(name.removeprefix("layer"))]
+    return None if row is None else float(sum(row) / len(row))
 
 
 def is_probe_metric(metric: str) -> bool:
@@ -161,7 +210,7 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     found, values = [], []
     for label, axes, run_dirs in groups:
         docs = [json.loads(p.read_text()) for d in run_dirs if (p := d / ATTENTION_FILE).is_file()]
-        docs = [d for d in docs if "distance" in d]
+        docs = [d for d in docs if any(row is not None for row in d.get("distance", []))]
         if docs:
             found.append((label, docs))
             values.append(axes)
@@ -170,10 +219,12 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     labels = _differing(values) if len(found) > 1 else [label for label, _ in found]
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot(1, 1, 1)
-    paths = []
+    paths, layers = [], 1
     for k, ((label, docs), short) in enumerate(zip(found, labels)):
-        dist = torch.tensor([d["distance"] for d in docs])  # (seeds, L, nh)
-        depth = torch.arange(1, dist.shape[1] + 1).float()
+        heads = len(next(row for row in docs[0]["distance"] if row is not None))
+        dist = torch.tensor([[row or [math.nan] * heads for row in d["distance"]] for d in docs])  # (seeds, L, nh)
+        depth = torch.arange(1, dist.shape[1] + 1).float()  # a layer not measured (NaN) has no dot and ends the line
+        layers = max(layers, dist.shape[1])
         colour = f"C{k % 10}"
         jitter = (k - (len(found) - 1) / 2) * 0.06
         for s in range(dist.shape[0]):
@@ -187,11 +238,13 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     uniform = {d.get("uniform") for _, docs in found for d in docs} - {None}
     if len(uniform) == 1:  # one grid for all: the distance of attention spread evenly over it
         ax.axhline(uniform.pop(), color="0.5", linestyle="--", linewidth=1, label="uniform attention")
-    ax.set_xticks(range(1, int(depth[-1]) + 1))  # layers are whole numbers
+    ax.set_xticks(range(1, layers + 1))  # layers are whole numbers
     ax.set_ylim(bottom=0)  # distances from zero: a zoomed axis makes near-uniform heads look spread out
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
-    ax.set_title(f"{name}: mean attention distance\n(dots: every head of every seed; line: their mean)", fontsize=10)
+    untrained = "; untrained layers left out" if any(d.get("untrained_layers") for _, ds in found for d in ds) else ""
+    what = f"(dots: every head of every seed; line: their mean{untrained})"
+    ax.set_title(f"{name}: mean attention distance\n{what}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     return [save_figure(fig, out / "attention_distance.png"), *paths]

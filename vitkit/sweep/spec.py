@@ -317,8 +317,8 @@ def _check_metrics(path: Path, metrics: list[str], probes: Probes, has_finetune:
         raise UserError(f"{path}: metrics name the {FINETUNE} stage but the spec has no {FINETUNE} section")
     for m in metrics:
         kind, _, name = m.partition(".")
-        if kind == "fewshot" and m not in probes.metrics():
-            raise UserError(f"{path}: metrics: {m!r} is not one of the fewshot probe's ({probes.metrics() or 'none'})")
+        if kind in ("fewshot", "parts") and m not in probes.metrics(kind):
+            raise UserError(f"{path}: metrics: {m!r}: not one of the {kind} probe's ({probes.metrics(kind) or 'none'})")
         if kind == "attention" and (not probes.attention_images or not re.fullmatch(r"layer\d+", name)):
             raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>")
 
