@@ -1,0 +1,82 @@
+"""A sweep's figures: a line that varies the model says what its model is (family, parameters and FLOPs of the model
+its run's config.json builds), and an accuracy has its chance line at k/K of the classes its runs record."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import yaml
+from test_sweep import tiny_digits
+
+from vitkit.checkpoint.base import read_config_json
+from vitkit.models import model_from_config
+from vitkit.models.flops import model_flops
+from vitkit.sweep import load_spec, run_sweep
+from vitkit.sweep.aggregate import chance, metric_figure, metric_runs, model_summary
+from vitkit.sweep.probes import FEWSHOT_FILE
+
+TINY = tiny_digits(schedule={"steps": 2, "warmup_steps": 0}, run={"save_every": 0, "log_every": 1})
+VIT = {k: v for k, v in TINY["model"].items() if k != "name"}
+CELLS = [
+    {"model.name": "vit_ti16", **{f"model.{k}": v for k, v in VIT.items()}},
+    {"model.name": "vit_ti16", **{f"model.{k}": v for k, v in VIT.items()}, "model.patch_size": 1,
+     "model.resnet_layers": [1], "model.resnet_width": 0.5},
+    {"model.name": "bit_r50x1", "model.layers": [1, 1], "model.width_factor": 0.5},
+]  # fmt: skip
+
+
+def test_figure_legends_say_what_each_model_is_and_accuracies_show_chance(tmp_path):
+    doc = {"config": {k: v for k, v in TINY.items() if k != "model"}, "cells": CELLS, "seeds": [0]}
+    doc |= {
+        "metrics": ["eval_top1", "eval_top5", "compute"],
+        "figure": {"x": "compute", "lines": ["model.name", "model.resnet_layers"]},
+    }
+    doc["overrides"] = ["run.eval_batch_size=512"]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    result = run_sweep(tmp_path / "s.yaml", out, log=lambda line: None)
+    spec = load_spec(tmp_path / "s.yaml")
+    assert (out / "eval_top1.png").is_file() and not result.failed
+
+    ax = metric_figure(spec, result.rows, "eval_top1", out).axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    classes = read_config_json(out / spec.expand()[0].name / "config.json")["model"]["num_classes"]
+    assert legend[0] == f"chance (1/{classes})"  # then a line per model, in the spec's order
+    legend = legend[1:]
+    families = ["ViT", "hybrid (ResNet+ViT)", "ResNet (BiT)"]
+    for cell, family, label in zip(spec.expand(), families, legend):
+        config = read_config_json(out / cell.name / "config.json")  # the model built anew from the run's config
+        model = model_from_config(config["model"])
+        params = sum(p.numel() for p in model.parameters())
+        flops = model_flops(model, config["metadata"]["img_size"])
+        summary = model_summary(out / cell.name)
+        assert (summary.family, summary.params, summary.flops) == (family, params, flops)
+        assert label == str(summary) and label.startswith(f"{family} ") and label.endswith("FLOPs")
+        assert "vit_ti16" not in label and "bit_r50x1" not in label  # the registered name the cell overrides
+    assert len(legend) == 3
+    (chance_line,) = [line for line in ax.get_lines() if line.get_label().startswith("chance")]
+    assert list(chance_line.get_ydata()) == [1 / classes] * 2 and chance_line.get_linestyle() == "--"
+    assert ax.get_ylim() == (0, 1)
+    top5 = metric_figure(spec, result.rows, "eval_top5", out).axes[0]
+    assert [line.get_ydata()[0] for line in top5.get_lines() if line.get_label() == f"chance (5/{classes})"] == [
+        5 / classes
+    ]
+    compute = metric_figure(spec, result.rows, "compute", out).axes[0]
+    assert [t.get_text() for t in compute.get_legend().get_texts()] == legend  # no chance for what is no accuracy
+    metric_figure(spec, result.rows, "eval_top1", out).savefig(tmp_path / "eval_top1_again.png")
+
+    # few-shot: the probe's own record of its classes, else the finetune run's model (none here): never a guess
+    runs = metric_runs(spec.expand(), result.rows, "fewshot.5shot", out)
+    for run in runs:
+        (run / FEWSHOT_FILE).write_text(json.dumps({"num_classes": 7, "results": {}}))
+    assert chance(runs, "fewshot.5shot") == (1 / 7, "chance (1/7)")
+    (runs[0] / FEWSHOT_FILE).write_text(json.dumps({"results": {}}))
+    assert chance(runs, "fewshot.5shot") is None
+    shutil.copytree(runs[0], out / "other")  # runs that disagree on their classes have no one chance
+    config = read_config_json(out / "other" / "config.json")
+    config["model"]["num_classes"] = 3
+    (out / "other" / "config.json").write_text(json.dumps(config))
+    assert chance([runs[1], out / "other"], "eval_top1") is None
+    assert chance([out / "other"], "eval_top1") == (1 / 3, "chance (1/3)")
+    assert chance(runs, "train.loss") is None
