@@ -106,8 +106,9 @@ def test_flips_and_shifts_of_a_shape_subset_move_the_image_and_keep_its_label():
     marker stays above or below its object, so the label is the drawn one; the held-out images are never moved."""
     plain = ProceduralShapes(40, img_size=16)
     train_ds, eval_ds, _ = build_datasets(
-        DataConfig(source="shapes", num_images=40, eval_images=8, img_size=16, flip=True, train_augment="shift",
-                   shift_pixels=1)  # fmt: skip
+        DataConfig(
+            source="shapes", num_images=40, eval_images=8, img_size=16, flip=True, train_augment="shift", shift_pixels=1
+        )  # fmt: skip
     )
     torch.manual_seed(0)
     seen = set()

@@ -13,7 +13,7 @@ from vitkit.checkpoint.base import read_config_json
 from vitkit.models import model_from_config
 from vitkit.models.flops import model_flops
 from vitkit.sweep import load_spec, run_sweep
-from vitkit.sweep.aggregate import chance, metric_figure, metric_runs, model_summary
+from vitkit.sweep.figures import chance, metric_figure, metric_runs, model_summary
 from vitkit.sweep.probes import FEWSHOT_FILE
 
 TINY = tiny_digits(schedule={"steps": 2, "warmup_steps": 0}, run={"save_every": 0, "log_every": 1})

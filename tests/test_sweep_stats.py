@@ -107,7 +107,8 @@ def test_every_shipped_experiment_states_its_claims(name):
 
 def test_a_baseline_without_the_figures_key_is_named_by_what_it_sets():
     """The mpp figure's x is run.objective; the scratch cell has none: its tick says pretrain=false, not null."""
-    from vitkit.sweep.aggregate import Row, _category
+    from vitkit.sweep.aggregate import Row
+    from vitkit.sweep.figures import _category
 
     rows = [Row({"run.objective": "mpp"}, 1, {}, {}, [0]), Row({"pretrain": False}, 1, {}, {}, [0])]
     assert [_category("run.objective", x, rows) for x in ("mpp", None)] == ["mpp", "pretrain=false"]

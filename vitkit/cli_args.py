@@ -246,8 +246,8 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "overrides", nargs="*", metavar="section.key=value", help="for every run: how this machine runs them"
     )
-    p.add_argument("--scale", choices=("cpu", "gpu"), default="cpu",
-                   help="cpu: the spec as written, minutes on 2 cores (default); gpu: its gpu section, for one GPU")  # fmt: skip
+    scales = "cpu: the spec as written, minutes on 2 cores (default); gpu: its gpu section, for one GPU"
+    p.add_argument("--scale", choices=("cpu", "gpu"), default="cpu", help=scales)
     p.add_argument("--device", help="where every run trains (run.device; default auto: a GPU if there is one)")
     p.add_argument("--jobs", type=int, help="cells run at once, each on cores/jobs threads (default: the scale's; 1)")
     p.add_argument("--out", help="the sweep's folder: one run directory per cell (default runs/sweeps/SPEC[_gpu])")

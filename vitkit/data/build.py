@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -171,21 +172,25 @@ def build_synthetic(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDat
 
 
 def build_shapes(cfg: DataConfig) -> tuple[ProceduralShapes, ProceduralShapes, DatasetInfo]:
-    """Procedural shapes drawn on the fly: data.num_images to train on (flipped or shifted as data says), data.eval_images
-    held out."""
+    """Procedural shapes drawn on the fly: data.num_images to train on (flipped or shifted as the data section says),
+    data.eval_images held out."""
     mean, std = _stats(cfg)
     src = SourceFields.of(cfg)
     if cfg.train_fraction < 1:
         raise UserError("data.source=shapes: no data.train_fraction; set data.num_images to the size you want")
     if src.train_augment not in ("none", "shift"):
-        raise UserError(f"data.train_augment={src.train_augment}: the shapes take none or shift (a crop may cut a marker)")
-    augment = {"augment": src.train_augment, "flip": src.flip, "shift_pixels": src.shift_pixels}
-    drawn = {"seed": cfg.split_seed, "img_size": src.img_size, "in_chans": src.in_chans, "mean": mean, "std": std}
+        raise UserError(
+            f"data.train_augment={src.train_augment}: the shapes take none or shift (a crop may cut a marker)"
+        )
     moves = src.flip or (src.train_augment == "shift" and src.shift_pixels > 0)
-    train = ProceduralShapes(
-        cfg.num_images, stream=TRAIN_STREAM, augment={**augment, "fill": black_level(mean, std)} if moves else None, **drawn
+    augment = {"augment": src.train_augment, "flip": src.flip, "shift_pixels": src.shift_pixels}
+    drawn = partial(
+        ProceduralShapes, seed=cfg.split_seed, img_size=src.img_size, in_chans=src.in_chans, mean=mean, std=std
     )
-    test = ProceduralShapes(cfg.eval_images, stream=EVAL_STREAM, **drawn)
+    train = drawn(
+        cfg.num_images, stream=TRAIN_STREAM, augment={**augment, "fill": black_level(mean, std)} if moves else None
+    )
+    test = drawn(cfg.eval_images, stream=EVAL_STREAM)
     return train, test, _info(cfg, SHAPE_NAMES)
 
 

@@ -14,7 +14,8 @@ import torch
 
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write_text
-from ..sweep.aggregate import TABLE_NAME, Table, figure_name, read_table
+from ..sweep.aggregate import TABLE_NAME, Table, read_table
+from ..sweep.figures import figure_name
 from ..sweep.spec import finetune_name
 from ..train.overrides import value_text
 from .html import Html, Page, Row, code_block, definitions, fmt, image, join, table, tag

@@ -19,7 +19,8 @@ import torch
 from ..errors import UserError
 from ..io import DirectoryLock
 from ..train.engine import NO_HOOKS, RunHooks
-from .aggregate import Row, aggregate, claim_lines, claim_results, write_figures, write_table
+from .aggregate import Row, aggregate, claim_lines, claim_results, write_table
+from .figures import write_figures
 from .probes import write_attention_figures
 from .run import SweepRun, plan_cells, run_cells
 from .spec import Cell, SweepSpec, load_spec, shipped_sweeps
@@ -48,24 +49,25 @@ def run_sweep(
     scale: str = "cpu",
 ) -> SweepResult:
     """Run (or only aggregate) a sweep at ``scale`` (spec.py) into ``out`` (default runs/sweeps/<spec name>[_gpu]
-    [_quick]), ``jobs`` cells at once (default: the scale's), locked for the life of this process. ``overrides`` (``section.key=value``) go to every run after the spec's own: how this machine
-    runs them (``run.device=cuda``), not what is compared. ``run_hooks`` go to every run; ``page(out)``, when given,
-    writes the sweep's page last (the command line's writes report.html; sweep/ imports no report). ``force``
-    trains again the cells whose directories hold another spec's run (run_cells)."""
+    [_quick]), ``jobs`` cells at once (default: the scale's), locked for the life of this process. ``overrides``
+    (``section.key=value``) go to every run after the spec's own: how this machine runs them (``run.device=cuda``),
+    not what is compared; the GPU scale without a GPU needs one naming run.device. ``run_hooks`` go to every run;
+    ``page(out)``, when given, writes the sweep's page last (the command line's writes report.html; sweep/ imports
+    no report). ``force`` trains again the cells whose directories hold another spec's run (run_cells)."""
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec, quick=quick, scale=scale)
-    if spec.scale == "gpu" and not aggregate_only and not torch.cuda.is_available():
-        if not any(o.partition("=")[0].strip() == "run.device" for o in overrides):
-            raise UserError(
-                f"--scale gpu: no GPU here; add --device cpu to run it on this machine anyway (with --quick: the GPU "
-                "scale's code path in seconds)"
-            )
+    named_device = any(o.partition("=")[0].strip() == "run.device" for o in overrides)
+    if spec.scale == "gpu" and not (aggregate_only or named_device or torch.cuda.is_available()):
+        raise UserError(
+            "--scale gpu: no GPU here; add --device cpu to run it on this machine anyway (with --quick: the GPU "
+            "scale's code path in seconds)"
+        )
     if overrides:
         extra = list(overrides)
         _check_overrides(spec, extra)
         spec = replace(spec, overrides=spec.overrides + extra, finetune_overrides=spec.finetune_overrides + extra)
     if out is None:
-        out = Path("runs") / "sweeps" / (spec.name + ("_gpu" if spec.scale == "gpu" else "") + ("_quick" * quick))
+        out = Path("runs") / "sweeps" / (spec.name + ("_gpu" if spec.scale == "gpu" else "") + ("_quick" * spec.quick))
     out, jobs = Path(out), spec.jobs if jobs is None else jobs
     cells = spec.expand()
     if aggregate_only and not out.is_dir():

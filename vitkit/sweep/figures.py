@@ -1,0 +1,192 @@
+"""A sweep's figures: one per metric, the metric against the spec's figure.x, a line per value of figure.lines.
+
+A legend says what a line's model is (family, parameters, FLOPs an image) where a line holds one model; an accuracy
+is drawn on its whole scale with a dashed line where guessing lands (chance); a row without the x (a baseline cell,
+such as ``pretrain: untrained``) is a dotted horizontal line across a numeric axis, or a point of its own on a
+categorical one.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from ..checkpoint.base import CONFIG_NAME, read_config_json
+from ..models import count_params
+from ..models.flops import model_flops
+from ..train.metrics import save_figure
+from ..train.overrides import value_text
+from .aggregate import Row, meta_model
+from .probes import FEWSHOT_FILE
+from .spec import COMPUTE, FINETUNE, Cell, SweepSpec, finetune_name
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
+
+
+def figure_name(metric: str) -> str:
+    """The file write_figures draws a metric into."""
+    return f"{metric.replace('.', '_')}.png"
+
+
+@dataclass(frozen=True)
+class ModelSummary:
+    """What a run's model is, as a legend says it: its family, its parameters and its forward FLOPs an image."""
+
+    family: str
+    params: int
+    flops: int
+
+    def __str__(self) -> str:
+        return f"{self.family} {''.join(_si(self.params))} params, {' '.join(_si(self.flops))}FLOPs"  # 4.9 MFLOPs
+
+
+FAMILIES = {"vit": "ViT", "hybrid": "hybrid (ResNet+ViT)", "resnet": "ResNet", "bit": "ResNet (BiT)"}
+SAID_BY_SUMMARY = ("model.name", "model.resnet_layers")  # a registered name the spec overrides; the family says it
+
+
+def model_summary(run_dir: Path) -> ModelSummary:
+    """A finished run's model as built from its config.json (on the meta device): family, parameters, FLOPs."""
+    model, meta = meta_model(run_dir)
+    config: Any = model.config  # a ViTConfig, ResNetConfig or BiTConfig
+    arch = "hybrid" if getattr(config, "resnet_layers", None) is not None else config.arch  # a ViT on a ResNet stem
+    return ModelSummary(FAMILIES.get(arch, arch), count_params(model), model_flops(model, int(meta["img_size"])))
+
+
+def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
+    """OUT/<metric>.png per metric (metric_figure); each run a legend describes is built once for all of them."""
+    if not (spec.figure_x or spec.axes) or not any(r.n for r in rows):
+        return []
+    describe = functools.cache(model_summary)
+    return [save_figure(metric_figure(spec, rows, m, out, describe), out / figure_name(m)) for m in spec.metrics]
+
+
+def metric_figure(
+    spec: SweepSpec, rows: list[Row], metric: str, out: Path, describe: Callable[[Path], ModelSummary] = model_summary
+) -> Figure:
+    """The metric against figure.x, one line per value of figure.lines (labelled by line_label); an accuracy on its
+    whole scale, with a dashed line where guessing lands (chance)."""
+    from matplotlib.figure import Figure
+
+    x_key = spec.figure_x or spec.axes[-1]
+    line_keys = spec.figure_lines or [k for k in spec.axes if k != x_key]
+
+    def x_of(r: Row) -> Any:
+        return r.mean.get(COMPUTE) if x_key == COMPUTE else r.values.get(x_key)
+
+    xs = list(dict.fromkeys(x_of(r) for r in rows if x_key != COMPUTE or r.n))
+    numeric = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs if x is not None)
+    xs = [x for x in xs if x is not None] if numeric else xs  # rows without x on a numeric axis: baselines
+    cells = spec.expand()
+    fig = Figure(figsize=(6, 4))
+    ax = fig.add_subplot()
+    lines: dict[tuple[Any, ...], list[Row]] = {}
+    for r in rows:
+        lines.setdefault(tuple(value_text(r.values.get(k)) for k in line_keys), []).append(r)
+    for members in lines.values():
+        members = [r for r in members if r.mean[metric] is not None]
+        if not members:
+            continue
+        baselines = [r for r in members if numeric and x_of(r) is None]
+        members = [r for r in members if r not in baselines] or baselines
+        points = [(x_of(r), cast(float, r.mean[metric]), r.std[metric] or 0.0) for r in members]
+        name = line_label(line_keys, members, metric_runs(cells, members, metric, out), describe) or metric
+        if members is baselines:  # a line of baselines alone: one horizontal line each
+            colour = None
+        else:
+            pos = [float(cast(float, p[0])) if numeric else float(xs.index(p[0])) for p in points]
+            style = "-" if numeric else "none"  # categories are points: no line joins them
+            drawn = ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3,
+                                label=name, linestyle=style)  # fmt: skip
+            colour = drawn.lines[0].get_color()
+        for r in baselines:  # across the axis, in its line's colour, named by what it sets that the others do not
+            own = {k: v for k, v in r.values.items() if all(k not in m.values for m in members if m is not r)}
+            said = ", ".join(f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for k, v in own.items()) or "baseline"
+            ax.axhline(cast(float, r.mean[metric]), color=colour, linestyle=":", linewidth=1.5, label=f"{name}: {said}")
+    if not numeric:
+        ax.set_xticks(range(len(xs)), [_category(x_key, x, rows) for x in xs])
+    guess = None
+    if metric.rsplit(".", 1)[-1].endswith(("top1", "top5", "acc")) or metric.startswith("fewshot."):
+        ax.set_ylim(0, 1)  # an accuracy on its whole scale
+        guess = chance(metric_runs(cells, rows, metric, out), metric)
+        if guess is not None:
+            ax.axhline(guess[0], color="0.5", linestyle="--", linewidth=1, label=guess[1])
+    if numeric and spec.log_x:
+        ax.set_xscale("log")
+    ax.set_xlabel("training compute (FLOPs: 3 x forward x images)" if x_key == COMPUTE else x_key)
+    ax.set_ylabel(f"{metric} (mean ± std over seeds)")
+    ax.set_title(spec.name)
+    ax.grid(alpha=0.3)
+    if len(lines) > 1 or guess is not None:
+        ax.legend(fontsize=8)
+    return fig
+
+
+def metric_runs(cells: list[Cell], rows: list[Row], metric: str, out: Path) -> list[Path]:
+    """The run directories the rows' metric was read from: each finished cell's first run, or its finetune run."""
+    tuned = metric.startswith(f"{FINETUNE}.")
+    finished = {(tuple(r.values.items()), seed) for r in rows for seed in r.seeds}  # a row's values: its cells' group
+    cells = [c for c in cells if (c.group, c.seed) in finished and (tuned or c.pretrains)]
+    return [out / (finetune_name(c.name) if tuned else c.name) for c in cells]
+
+
+def line_label(
+    line_keys: list[str], members: list[Row], runs: list[Path], describe: Callable[[Path], ModelSummary]
+) -> str:
+    """A line's legend: ``key=value`` of its keys (those its cells lack left out), led by what its model is
+    (ModelSummary of its first run) where a key is a model's and the line holds one model; the model's registered
+    name, which the spec overrides, is then left out."""
+    given = [(k, v) for k in line_keys if (v := value_text(members[0].values.get(k))) != "null"]
+    model_axes = sorted({k for r in members for k in r.values if k.startswith("model.")})
+    one_model = len({tuple(value_text(r.values.get(k)) for k in model_axes) for r in members}) == 1
+    parts = []
+    if runs and one_model and any(k.startswith("model.") for k in line_keys):
+        parts.append(str(describe(runs[0])))
+        given = [(k, v) for k, v in given if k not in SAID_BY_SUMMARY]
+    return ", ".join(parts + [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in given])
+
+
+def chance(runs: list[Path], metric: str) -> tuple[float, str] | None:
+    """Where guessing lands on an accuracy, and its legend ``chance (k/K)``: top-k of the K classes of the data it is
+    measured on, as the runs record K (a fewshot probe's own record, else its cell's finetune run's model; the
+    model's for the rest). None where a run does not record K or the runs differ: never a guess."""
+    name, fewshot = metric.rsplit(".", 1)[-1], metric.startswith("fewshot.")
+    if not fewshot and not name.endswith(("top1", "top5")):
+        return None  # an accuracy over something else (MPP's colours), not the model's classes
+    found = {_fewshot_classes(run) if fewshot else _model_classes(run) for run in runs}
+    if len(found) != 1 or None in found:
+        return None
+    k, classes = (5 if name.endswith("top5") else 1), cast(int, found.pop())
+    return min(k / classes, 1.0), f"chance ({k}/{classes})"
+
+
+def _model_classes(run_dir: Path) -> int | None:
+    path = run_dir / CONFIG_NAME
+    n = (read_config_json(path).get("model") or {}).get("num_classes") if path.is_file() else None
+    return n if type(n) is int and n > 0 else None
+
+
+def _fewshot_classes(run_dir: Path) -> int | None:
+    path = run_dir / FEWSHOT_FILE  # the probe's record (FewShotResult.record) says its classes
+    n = json.loads(path.read_text()).get("num_classes") if path.is_file() else None
+    return n if type(n) is int and n > 0 else _model_classes(run_dir.parent / finetune_name(run_dir.name))
+
+
+def _si(x: float) -> tuple[str, str]:
+    """Three significant digits and the SI prefix: ("4.87", "M") for 4,870,000."""
+    x = float(f"{x:.3g}")  # rounded first: 999,999 is 1M, not 1e+03k
+    prefix, size = next((p, s) for p, s in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 0)) if x >= s)
+    return f"{x / (size or 1):.3g}", prefix
+
+
+def _category(key: str, x: Any, rows: list[Row]) -> str:
+    """A categorical tick: the value, or for rows without the key (a baseline cell) what they set instead."""
+    if x is not None:
+        return value_text(x)
+    baselines = [r.values for r in rows if key not in r.values]
+    said = {f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for values in baselines for k, v in values.items()}
+    return ", ".join(sorted(said)) or "none"
