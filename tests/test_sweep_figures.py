@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import pytest
 import yaml
 from test_sweep import tiny_digits
 
@@ -13,7 +14,8 @@ from vitkit.checkpoint.base import read_config_json
 from vitkit.models import model_from_config
 from vitkit.models.flops import model_flops
 from vitkit.sweep import load_spec, run_sweep
-from vitkit.sweep.figures import chance, metric_figure, metric_runs, model_summary
+from vitkit.sweep.aggregate import Row
+from vitkit.sweep.figures import chance, curves_figure, metric_figure, metric_runs, model_summary
 from vitkit.sweep.probes import FEWSHOT_FILE
 
 TINY = tiny_digits(schedule={"steps": 2, "warmup_steps": 0}, run={"save_every": 0, "log_every": 1})
@@ -80,3 +82,26 @@ def test_figure_legends_say_what_each_model_is_and_accuracies_show_chance(tmp_pa
     assert chance([runs[1], out / "other"], "eval_top1") is None
     assert chance([out / "other"], "eval_top1") == (1 / 3, "chance (1/3)")
     assert chance(runs, "train.loss") is None
+
+
+def test_the_curves_figure_averages_each_rows_seeds_at_the_steps_all_evaluated(tmp_path):
+    """Two seeds of each of two rows, evaluated at steps the other seed partly lacks: each line is the mean over
+    seeds at the common steps, read from the runs' metrics.jsonl; runs evaluated once draw nothing."""
+    spec_path = tmp_path / "s.yaml"
+    spec_path.write_text(yaml.safe_dump({"config": TINY, "grid": {"optim.lr": [0.1, 0.2]}, "seeds": [0, 1]}))
+    spec = load_spec(spec_path)
+    curves = {0.1: [{1: 0.2, 2: 0.4, 3: 0.5}, {1: 0.4, 2: 0.6}], 0.2: [{2: 0.1, 4: 0.3}, {2: 0.3, 4: 0.5, 6: 0.9}]}
+    for cell in spec.expand():
+        (tmp_path / cell.name).mkdir()
+        points = curves[dict(cell.values)["optim.lr"]][cell.seed]
+        lines = [json.dumps({"kind": "eval", "step": s, "eval_top1": v}) for s, v in points.items()]
+        (tmp_path / cell.name / "metrics.jsonl").write_text("\n".join([*lines, '{"kind": "train"']) + "\n")
+    rows = [Row({"optim.lr": lr}, 2, {}, {}, [0, 1]) for lr in (0.1, 0.2)]
+    fig = curves_figure(spec, rows, tmp_path)
+    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in fig.axes[0].lines}
+    assert drawn.keys() == {"lr=0.1", "lr=0.2"}
+    assert drawn["lr=0.1"][0] == [1, 2] and drawn["lr=0.1"][1] == pytest.approx([0.3, 0.5])
+    assert drawn["lr=0.2"][0] == [2, 4] and drawn["lr=0.2"][1] == pytest.approx([0.2, 0.4])
+    for cell in spec.expand():  # one evaluation each: no curve to draw
+        (tmp_path / cell.name / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 9, "eval_top1": 1}))
+    assert curves_figure(spec, rows, tmp_path) is None

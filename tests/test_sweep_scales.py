@@ -4,6 +4,9 @@ the same code on a CPU; lists of cells multiply; an untrained cell's weights are
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,3 +106,21 @@ def test_an_untrained_cell_is_its_model_as_initialised_and_its_baselines_are_mea
     assert not torch.equal(trained["head.weight"], drawn["head.weight"])
     row = {r.values.get("pretrain"): r for r in result.rows}
     assert row["untrained"].mean["eval_top1"] is not None
+
+
+def test_the_prepared_gpu_command_records_its_table_claims_and_seeds(tmp_path):
+    """benchmarks/sweep.py, the GPU scale's one command, run on a CPU through the same code path (--device cpu
+    --quick): the record has the command, the machine, the wall time, the table with its claims and the seeds."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
+    record = tmp_path / "record.md"
+    command = [sys.executable, str(script), "hybrids", "--scale", "gpu", "--device", "cpu", "--quick", "--jobs", "1"]
+    done = subprocess.run([*command, "--out", str(tmp_path / "o"), "--results", str(record)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    text = record.read_text()
+    assert "- command: `python benchmarks/sweep.py hybrids --scale gpu --device cpu --quick" in text
+    assert "- machine: " in text and "wall time" in text and "exit status 0" in text
+    assert "## Claims" in text and "eval_top1 per seed (x 100):" in text
+    table = json.loads((tmp_path / "o" / "sweep.json").read_text())
+    for run in table["runs"]:
+        assert f"{run['seed']}: {100 * run['eval_top1']:.1f}" in text

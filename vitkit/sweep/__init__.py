@@ -56,16 +56,7 @@ def run_sweep(
     no report). ``force`` trains again the cells whose directories hold another spec's run (run_cells)."""
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec, quick=quick, scale=scale)
-    named_device = any(o.partition("=")[0].strip() == "run.device" for o in overrides)
-    if spec.scale == "gpu" and not (aggregate_only or named_device or torch.cuda.is_available()):
-        raise UserError(
-            "--scale gpu: no GPU here; add --device cpu to run it on this machine anyway (with --quick: the GPU "
-            "scale's code path in seconds)"
-        )
-    if overrides:
-        extra = list(overrides)
-        _check_overrides(spec, extra)
-        spec = replace(spec, overrides=spec.overrides + extra, finetune_overrides=spec.finetune_overrides + extra)
+    spec = _with_overrides(spec, list(overrides), aggregate_only)
     if out is None:
         out = Path("runs") / "sweeps" / (spec.name + ("_gpu" if spec.scale == "gpu" else "") + ("_quick" * spec.quick))
     out, jobs = Path(out), spec.jobs if jobs is None else jobs
@@ -99,6 +90,21 @@ def run_sweep(
     finally:
         lock.release()
     return SweepResult(out, rows, files, done.actions, done.failed)
+
+
+def _with_overrides(spec: SweepSpec, overrides: list[str], aggregate_only: bool) -> SweepSpec:
+    """The spec with the command line's overrides for every run, checked (_check_overrides); the GPU scale on a
+    machine without a GPU is refused unless they name run.device."""
+    named_device = any(o.partition("=")[0].strip() == "run.device" for o in overrides)
+    if spec.scale == "gpu" and not (aggregate_only or named_device or torch.cuda.is_available()):
+        raise UserError(
+            "--scale gpu: no GPU here; add --device cpu to run it on this machine anyway (with --quick: the GPU "
+            "scale's code path in seconds)"
+        )
+    if not overrides:
+        return spec
+    _check_overrides(spec, overrides)
+    return replace(spec, overrides=spec.overrides + overrides, finetune_overrides=spec.finetune_overrides + overrides)
 
 
 def _check_overrides(spec: SweepSpec, overrides: list[str]) -> None:

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any, cast
 from ..checkpoint.base import CONFIG_NAME, read_config_json
 from ..models import count_params
 from ..models.flops import model_flops
-from ..train.metrics import save_figure
+from ..train.metrics import MetricsLog, save_figure
 from ..train.overrides import value_text
 from .aggregate import Row, meta_model
-from .probes import FEWSHOT_FILE
+from .probes import FEWSHOT_FILE, differing
 from .spec import COMPUTE, FINETUNE, Cell, SweepSpec, finetune_name
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
@@ -62,7 +62,38 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
     if not (spec.figure_x or spec.axes) or not any(r.n for r in rows):
         return []
     describe = functools.cache(model_summary)
-    return [save_figure(metric_figure(spec, rows, m, out, describe), out / figure_name(m)) for m in spec.metrics]
+    paths = [save_figure(metric_figure(spec, rows, m, out, describe), out / figure_name(m)) for m in spec.metrics]
+    curves = curves_figure(spec, rows, out)
+    return paths + ([save_figure(curves, out / CURVES_NAME)] if curves is not None else [])
+
+
+CURVES_NAME = "curves_eval_top1.png"
+
+
+def curves_figure(spec: SweepSpec, rows: list[Row], out: Path, metric: str = "eval_top1") -> Figure | None:
+    """The held-out metric against the training step, a line per row: the mean over its seeds at the steps every
+    seed evaluated (the runs' metrics.jsonl); None where no run was evaluated more than once."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2))
+    ax = fig.add_subplot()
+    drawn = 0
+    for r, label in zip(rows, differing([r.values for r in rows]) if len(rows) > 1 else [spec.name]):
+        runs = [out / c.name for c in spec.expand() if c.group == tuple(r.values.items()) and c.seed in r.seeds]
+        curves = [{e["step"]: e[metric] for e in MetricsLog(d).records() if metric in e} for d in runs]
+        steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if len(steps) > 1:
+            ax.plot(steps, [sum(c[s] for c in curves) / len(curves) for s in steps], marker=".", label=label)
+            drawn += 1
+    if not drawn:
+        return None
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(f"{metric} (mean over seeds)")
+    ax.set_title(f"{spec.name}: held-out accuracy during training", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    return fig
 
 
 def metric_figure(

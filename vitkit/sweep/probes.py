@@ -216,7 +216,7 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
             values.append(axes)
     if not found:
         return []
-    labels = _differing(values) if len(found) > 1 else [label for label, _ in found]
+    labels = differing(values) if len(found) > 1 else [label for label, _ in found]
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot(1, 1, 1)
     paths, layers = [], 1
@@ -250,7 +250,8 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     return [save_figure(fig, out / "attention_distance.png"), *paths]
 
 
-def _differing(values: list[dict[str, Any]]) -> list[str]:
-    """``key=value, ...`` of the axes whose values differ between the groups (the last part of each key)."""
-    keys = [k for k in values[0] if len({value_text(v.get(k)) for v in values}) > 1]
-    return [", ".join(f"{k.rsplit('.', 1)[-1]}={value_text(v.get(k))}" for k in keys) for v in values]
+def differing(values: list[dict[str, Any]]) -> list[str]:
+    """``key=value, ...`` of the axes whose values differ between the groups (the last part of each key; a key a
+    group lacks left out of its label)."""
+    keys = [k for k in dict.fromkeys(k for v in values for k in v) if len({value_text(v.get(k)) for v in values}) > 1]
+    return [", ".join(f"{k.rsplit('.', 1)[-1]}={value_text(v[k])}" for k in keys if k in v) for v in values]

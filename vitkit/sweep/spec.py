@@ -10,8 +10,7 @@ metrics and the figure's axes; its header says what it measures, the command, th
     figure: {x: model.pos_embed, lines: [model.pos_embed_where], log_x: false}
     finetune: {config: {data: {source: digits}}, overrides: [...]}  # a second run per cell, from the first's model
     probes: {fewshot: {data: digits, shots: [5, 10]}, attention: {images: 256}}  # on each first run (probes.py)
-    gpu: {overrides: [data.img_size=32], seeds: [0, 1, 2, 3, 4], jobs: 4}  # --scale gpu (SCALE_KEYS); the spec: cpu
-    quick: {overrides: [schedule.steps=4], seeds: [0]}  # --quick, after the scale (also grid, cells, ...)
+    gpu: {overrides: [data.img_size=32], seeds: [0, 1, 2, 3, 4], jobs: 4}  # --scale gpu; the spec itself is cpu
 
 A cell's run directory is OUT/<name>, named by its varying values and seed: ``pos_embed-learned_seed-0``.
 """
@@ -33,7 +32,7 @@ from .probes import Probes, parse_probes
 MAX_RUNS = 10_000  # runs in one sweep: each is a training run; a bigger grid is a typo or a job for a cluster
 SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics", "figure", "finetune", "probes",
              "claims", "gpu", "quick")  # fmt: skip
-QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")
+QUICK_KEYS = ("overrides", "grid", "cells", "seeds", "finetune_overrides")  # quick: --quick, applied after the scale
 SCALES = ("cpu", "gpu")  # cpu: the spec as written (minutes on 2 cores); gpu: its ``gpu`` section (one GPU)
 # what a scale section may set: overrides add to the spec's, the others replace them; jobs: cells at once by default
 SCALE_KEYS = (*QUICK_KEYS, "skip", "claims", "metrics", "probes", "jobs")
