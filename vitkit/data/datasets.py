@@ -70,6 +70,10 @@ class TensorImageDataset(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         return self.augment_batch(self.images[index : index + 1])[0], int(self.labels[index])
 
+    def images_at(self, indices: torch.Tensor) -> torch.Tensor:
+        """(B, C, H, W): the images at ``indices``, not augmented (a batch for augment_batch)."""
+        return self.images[indices]
+
     def augment_batch(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, H, W) -> (B, C, H, W) with this dataset's augmentation; identity for an eval dataset."""
         return augment_images(

@@ -185,7 +185,18 @@ class ProceduralShapes(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not 0 <= index < self.num_images:
             raise IndexError(f"index {index} out of range for {self.num_images} images")
-        index = int(index)
+        x, label = self._drawn(int(index))
+        return self.augment_batch(x[None])[0], label
+
+    def images_at(self, indices: torch.Tensor) -> torch.Tensor:
+        """(B, C, S, S): the images at ``indices``, normalised and not augmented (a batch for augment_batch)."""
+        return torch.stack([self._drawn(int(i))[0] for i in indices])
+
+    def augment_batch(self, images: torch.Tensor) -> torch.Tensor:
+        """(B, C, S, S) -> (B, C, S, S) with this set's flips and shifts, in one resampling; identity without."""
+        return augment_images(images, **self.augment) if self.augment else images
+
+    def _drawn(self, index: int) -> tuple[torch.Tensor, int]:
         drawn = self._cache.get(index) if self._cache is not None else None
         if drawn is None:
             drawn = render_shape_image(self.seed, self.stream, index, self.img_size)
@@ -195,8 +206,7 @@ class ProceduralShapes(Dataset):
         x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
         if self.in_chans == 1:
             x = x.mean(0, keepdim=True)
-        x = (x - self.mean) / self.std
-        return (augment_images(x[None], **self.augment)[0] if self.augment else x), label
+        return (x - self.mean) / self.std, label
 
 
 def sample_grid(path: str | Path, per_class: int = 8, seed: int = 0, size: int = 32, scale: int = 3) -> Path:

@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from ..data import TensorImageDataset, WebDatasetStream
+from ..data.procedural import ProceduralShapes
 from ..device import seed_rng
 from ..errors import UserError
 
@@ -118,9 +119,10 @@ class SeededItems(Dataset):
 def run_batches(
     ds: Dataset[Any], plan: StepPlan, start_step: int, total_steps: int, num_workers: int = 0, pin_memory: bool = False
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """This rank's micro-batches of steps [start_step, total_steps), in the plan's seeded order: in memory with
-    vectorised augmentation, as WebDataset shards (vitkit.data.wds), or through a DataLoader of seeded items."""
-    if isinstance(ds, TensorImageDataset):  # in memory: vectorised augmentation, no DataLoader
+    """This rank's micro-batches of steps [start_step, total_steps), in the plan's seeded order: in memory (or drawn,
+    the shapes without DataLoader workers) with vectorised augmentation, as WebDataset shards (vitkit.data.wds), or
+    through a DataLoader of seeded items."""
+    if isinstance(ds, TensorImageDataset) or (isinstance(ds, ProceduralShapes) and num_workers == 0):
         shard = plan.micro_batch_size // plan.world_size
         rows = slice(plan.rank * shard, (plan.rank + 1) * shard)
         epoch = start_step // plan.steps_per_epoch
@@ -132,7 +134,7 @@ def run_batches(
             for micro in range(plan.accum_steps):
                 idx = plan.global_micro_batch(step, micro, perm)
                 seed_rng(mix_seed(plan.seed, step, micro, 0xA06))  # CPU tensors; the same on every rank
-                yield ds.augment_batch(ds.images[idx])[rows], ds.labels[idx][rows]
+                yield ds.augment_batch(ds.images_at(idx))[rows], ds.labels[idx][rows]
         return
     if isinstance(ds, WebDatasetStream):  # shards: the stream follows the same plan
         yield from ds.batches(
