@@ -101,9 +101,26 @@ def test_build_datasets_serves_shapes_with_their_info():
         build_datasets(DataConfig(source="shapes", train_fraction=0.5))
 
 
+def _move_of(x: torch.Tensor, base: torch.Tensor, black: float = -1.0) -> tuple[bool, int, int] | None:
+    """(mirrored, dy, dx) of the move that makes x from base with a black border, or None (black: (0 - 0.5) / 0.5)."""
+    h, w = base.shape[1:]
+    for flipped in (False, True):
+        image = base.flip(-1) if flipped else base
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                moved = torch.full_like(image, black)
+                moved[:, max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = image[
+                    :, max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
+                ]
+                if torch.allclose(x, moved, atol=1e-5):
+                    return flipped, dy, dx
+    return None
+
+
 def test_flips_and_shifts_of_a_shape_subset_move_the_image_and_keep_its_label():
-    """Each draw is the image mirrored left-right or not, moved by at most one pixel (the exposed border black); the
-    marker stays above or below its object, so the label is the drawn one; the held-out images are never moved."""
+    """Each draw is the image mirrored left-right or not, moved by at most one pixel (the exposed border black), item
+    by item or a batch at a time (the training loop's path, from the same images); the marker stays above or below
+    its object, so the label is the drawn one; the held-out images are never moved."""
     plain = ProceduralShapes(40, img_size=16)
     train_ds, eval_ds, _ = build_datasets(
         DataConfig(
@@ -111,27 +128,14 @@ def test_flips_and_shifts_of_a_shape_subset_move_the_image_and_keep_its_label():
         )  # fmt: skip
     )
     torch.manual_seed(0)
-    seen = set()
-    black = -1.0  # (0 - 0.5) / 0.5
-    for index in range(40):
-        x, y = train_ds[index]
-        assert y == plain[index][1]
-        base = plain[index][0]
-        found = None
-        for flipped in (False, True):
-            image = base.flip(-1) if flipped else base
-            for dy in (-1, 0, 1):
-                for dx in (-1, 0, 1):
-                    moved = torch.full_like(image, black)
-                    h, w = image.shape[1:]
-                    moved[:, max(dy, 0) : h + min(dy, 0), max(dx, 0) : w + min(dx, 0)] = image[
-                        :, max(-dy, 0) : h + min(-dy, 0), max(-dx, 0) : w + min(-dx, 0)
-                    ]
-                    if torch.allclose(x, moved, atol=1e-5):
-                        found = (flipped, dy, dx)
-        assert found is not None, index
-        seen.add(found)
-    assert {f for f, _, _ in seen} == {False, True} and len(seen) > 6  # both mirrors, several shifts
+    assert torch.equal(train_ds.images_at(torch.arange(40)), torch.stack([plain[i][0] for i in range(40)]))
+    by_item = [train_ds[i] for i in range(40)]
+    assert [y for _, y in by_item] == [plain[i][1] for i in range(40)]
+    by_batch = train_ds.augment_batch(train_ds.images_at(torch.arange(40)))  # the training loop's path
+    for moved in ([x for x, _ in by_item], by_batch):
+        seen = {_move_of(x, plain[i][0]) for i, x in enumerate(moved)}
+        assert None not in seen
+        assert {f for f, _, _ in seen} == {False, True} and len(seen) > 6  # both mirrors, several shifts
     assert torch.equal(eval_ds[3][0], ProceduralShapes(8, stream=EVAL_STREAM, img_size=16)[3][0])
 
 
