@@ -65,6 +65,7 @@ def test_the_gpu_scale_quick_runs_on_a_cpu_with_its_own_folder_and_aggregate_com
     assert cfg.data.img_size == 32 and cfg.run.device == "cpu" and cfg.optim.lr == 0
     page = (out / "report.html").read_text()
     assert "vitkit sweep" in page and "--scale gpu --quick" in page and "--aggregate-only" in page
+    assert "attention_distance.png" in page  # the 8x8-token scale's Fig. 7, on the sweep's page
 
 
 def test_lists_of_cells_multiply_and_a_key_in_two_lists_is_refused(tmp_path):

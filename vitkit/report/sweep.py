@@ -15,7 +15,8 @@ import torch
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write_text
 from ..sweep.aggregate import TABLE_NAME, Table, read_table
-from ..sweep.figures import figure_name
+from ..sweep.figures import CURVES_NAME, figure_name
+from ..sweep.probes import ATTENTION_FIGURE
 from ..sweep.spec import finetune_name
 from ..train.overrides import value_text
 from .html import Html, Page, Row, code_block, definitions, fmt, image, join, table, tag
@@ -137,6 +138,12 @@ def table_section(t: Table, sweep: Path, base: Path, reports: dict[Path, str | N
     return join([tag("p", note, cls="note"), table(header, rows, caption="The sweep", cls="sweep")])
 
 
+EXTRA_FIGURES = (
+    (CURVES_NAME, "held-out top-1 against the training step, one line per setting, mean over its seeds"),
+    (ATTENTION_FIGURE, "mean attention distance of every head against depth, one line per setting"),
+)
+
+
 def figures_section(t: Table, sweep: Path) -> Html:
     figures, missing = [], []
     for metric in t.metrics:
@@ -146,6 +153,9 @@ def figures_section(t: Table, sweep: Path) -> Html:
             figures.append(image(png.read_bytes(), alt, f"{metric}: {png.name}"))
         else:
             missing.append(metric)
+    for name, alt in EXTRA_FIGURES:
+        if (png := sweep / name).is_file():
+            figures.append(image(png.read_bytes(), alt, name))
     parts: list[object] = [tag("div", join(figures), cls="figures")]
     if missing:
         parts.append(tag("p", f"No figure for {', '.join(missing)} (none drawn: no finished run yet).", cls="note"))

@@ -30,6 +30,7 @@ from ..errors import UserError
 from ..io import atomic_write_text
 from ..train.overrides import value_text
 
+ATTENTION_FIGURE = "attention_distance.png"  # write_attention_figures' figure of the whole sweep
 PROBE_KEYS = ("fewshot", "attention", "parts")
 FEWSHOT_FILE, ATTENTION_FILE, PARTS_FILE = "fewshot.json", "attention.json", "parts.json"
 FILES = {"fewshot": FEWSHOT_FILE, "attention": ATTENTION_FILE, "parts": PARTS_FILE}
@@ -247,7 +248,7 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     ax.set_title(f"{name}: mean attention distance\n{what}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return [save_figure(fig, out / "attention_distance.png"), *paths]
+    return [save_figure(fig, out / ATTENTION_FIGURE), *paths]
 
 
 def differing(values: list[dict[str, Any]]) -> list[str]:
