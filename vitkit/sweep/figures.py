@@ -49,6 +49,9 @@ FAMILIES = {"vit": "ViT", "hybrid": "hybrid (ResNet+ViT)", "resnet": "ResNet", "
 SAID_BY_SUMMARY = ("model.name", "model.resnet_layers")  # a registered name the spec overrides; the family says it
 
 
+Describe = Callable[[Path], "ModelSummary"]  # model_summary, cached for a sweep's figures
+
+
 def model_summary(run_dir: Path) -> ModelSummary:
     """A finished run's model as built from its config.json (on the meta device): family, parameters, FLOPs."""
     model, meta = meta_model(run_dir)
@@ -63,25 +66,32 @@ def write_figures(spec: SweepSpec, rows: list[Row], out: Path) -> list[Path]:
         return []
     describe = functools.cache(model_summary)
     paths = [save_figure(metric_figure(spec, rows, m, out, describe), out / figure_name(m)) for m in spec.metrics]
-    curves = curves_figure(spec, rows, out)
+    curves = curves_figure(spec, rows, out, describe=describe)
     return paths + ([save_figure(curves, out / CURVES_NAME)] if curves is not None else [])
 
 
 CURVES_NAME = "curves_eval_top1.png"
 
 
-def curves_figure(spec: SweepSpec, rows: list[Row], out: Path, metric: str = "eval_top1") -> Figure | None:
+def curves_figure(
+    spec: SweepSpec, rows: list[Row], out: Path, metric: str = "eval_top1", describe: Describe | None = None
+) -> Figure | None:
     """The held-out metric against the training step, a line per row: the mean over its seeds at the steps every
-    seed evaluated (the runs' metrics.jsonl); None where no run was evaluated more than once."""
+    seed evaluated (the runs' metrics.jsonl), labelled by the values that differ between rows (with ``describe``,
+    a row's model keys by what its model is: ModelSummary); None where no run was evaluated more than once."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot()
     drawn = 0
-    for r, label in zip(rows, differing([r.values for r in rows]) if len(rows) > 1 else [spec.name]):
+    models = len({tuple((k, v) for k, v in r.values.items() if k.startswith("model.")) for r in rows}) > 1
+    shown = [{k: v for k, v in r.values.items() if not (describe and k.startswith("model."))} for r in rows]
+    for r, label in zip(rows, differing(shown) if len(rows) > 1 else [spec.name]):
         runs = [out / c.name for c in spec.expand() if c.group == tuple(r.values.items()) and c.seed in r.seeds]
         curves = [{e["step"]: e[metric] for e in MetricsLog(d).records() if metric in e} for d in runs]
         steps = sorted(set.intersection(*(set(c) for c in curves))) if curves else []
+        if describe and models and runs:
+            label = ", ".join([str(describe(runs[0])), *([label] if label else [])])
         if len(steps) > 1:
             ax.plot(steps, [sum(c[s] for c in curves) / len(curves) for s in steps], marker=".", label=label)
             drawn += 1
