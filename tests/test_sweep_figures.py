@@ -16,7 +16,7 @@ from vitkit.models.flops import model_flops
 from vitkit.sweep import load_spec, run_sweep
 from vitkit.sweep.aggregate import Row
 from vitkit.sweep.figures import chance, curves_figure, metric_figure, metric_runs, model_summary
-from vitkit.sweep.probes import FEWSHOT_FILE
+from vitkit.sweep.probes import FEWSHOT_FILE, PARTS_FILE
 
 TINY = tiny_digits(schedule={"steps": 2, "warmup_steps": 0}, run={"save_every": 0, "log_every": 1})
 VIT = {k: v for k, v in TINY["model"].items() if k != "name"}
@@ -80,6 +80,9 @@ def test_figure_legends_say_what_each_model_is_and_accuracies_show_chance(tmp_pa
     config["model"]["num_classes"] = 3
     (out / "other" / "config.json").write_text(json.dumps(config))
     assert chance([runs[1], out / "other"], "eval_top1") is None
+    for run in runs:  # a part of the label: the values the parts probe recorded it takes
+        (run / PARTS_FILE).write_text(json.dumps({"accuracy": {"side": 0.5}, "values": {"side": 2, "shape": 5}}))
+    assert chance(runs, "parts.side") == (0.5, "chance (1/2)") and chance(runs, "parts.shape") == (0.2, "chance (1/5)")
     assert chance([out / "other"], "eval_top1") == (1 / 3, "chance (1/3)")
     assert chance(runs, "train.loss") is None
 

@@ -181,7 +181,7 @@ def test_the_parts_probe_scores_shape_and_side_as_plain_torch_does(shapes_sweep)
         "shape": (pred // 2 == labels // 2).double().mean().item(),
         "side": (pred % 2 == labels % 2).double().mean().item(),
     }
-    assert doc == {"images": 48, "accuracy": expected}
+    assert doc == {"images": 48, "accuracy": expected, "values": {"shape": 5, "side": 2}}  # chance: 1/5, 1/2
     last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])  # the run's own evaluation
     assert last["kind"] == "eval" and last["eval_images"] == 48 and last["eval_top1"] == pytest.approx(expected["top1"])
     token = next(row.mean for row in shapes_sweep.rows if row.values["model.classifier"] == "token")
@@ -208,7 +208,11 @@ def test_a_model_that_always_picks_the_wrong_side_gets_every_shape_and_no_side()
     data = ProceduralShapes(30, stream=EVAL_STREAM, img_size=8)
     model = _WrongSide(data.labels).train()
     doc = label_part_accuracy(model, data, max_images=25, batch_size=10)
-    assert doc == {"images": 25, "accuracy": {"top1": 0.0, "shape": 1.0, "side": 0.0}}
+    assert doc == {
+        "images": 25,
+        "accuracy": {"top1": 0.0, "shape": 1.0, "side": 0.0},
+        "values": {"shape": 5, "side": 2},
+    }
     assert model.seen == 25 and model.modes == [(False, True)] * 3 and model.training  # eval mode, then restored
     digits_like = TensorImageDataset(torch.zeros(4, 3, 8, 8), torch.arange(4))
     with pytest.raises(UserError, match="probes.parts: the labels of TensorImageDataset do not factor"):

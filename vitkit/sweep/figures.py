@@ -21,7 +21,7 @@ from ..models.flops import model_flops
 from ..train.metrics import MetricsLog, save_figure
 from ..train.overrides import value_text
 from .aggregate import Row, meta_model
-from .probes import FEWSHOT_FILE, differing
+from .probes import FEWSHOT_FILE, PARTS_FILE, differing
 from .spec import COMPUTE, FINETUNE, Cell, SweepSpec, finetune_name
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
@@ -47,6 +47,9 @@ class ModelSummary:
 
 FAMILIES = {"vit": "ViT", "hybrid": "hybrid (ResNet+ViT)", "resnet": "ResNet", "bit": "ResNet (BiT)"}
 SAID_BY_SUMMARY = ("model.name", "model.resnet_layers")  # a registered name the spec overrides; the family says it
+# the model keys a summary's family, parameters and FLOPs stand for in a curve's label (not, say, its pos_embed)
+SAID_BY_SIZE = (*SAID_BY_SUMMARY, *(f"model.{k}" for k in ("patch_size", "width", "depth", "num_heads", "mlp_dim",
+                "layers", "width_factor", "resnet_width")))  # fmt: skip
 
 
 Describe = Callable[[Path], "ModelSummary"]  # model_summary, cached for a sweep's figures
@@ -85,7 +88,7 @@ def curves_figure(
     ax = fig.add_subplot()
     drawn = 0
     models = len({tuple((k, v) for k, v in r.values.items() if k.startswith("model.")) for r in rows}) > 1
-    shown = [{k: v for k, v in r.values.items() if not (describe and k.startswith("model."))} for r in rows]
+    shown = [{k: v for k, v in r.values.items() if not (describe and k in SAID_BY_SIZE)} for r in rows]
     for r, label in zip(rows, differing(shown) if len(rows) > 1 else [spec.name]):
         runs = [out / c.name for c in spec.expand() if c.group == tuple(r.values.items()) and c.seed in r.seeds]
         curves = [{e["step"]: e[metric] for e in MetricsLog(d).records() if metric in e} for d in runs]
@@ -151,7 +154,7 @@ def metric_figure(
     if not numeric:
         ax.set_xticks(range(len(xs)), [_category(x_key, x, rows) for x in xs])
     guess = None
-    if metric.rsplit(".", 1)[-1].endswith(("top1", "top5", "acc")) or metric.startswith("fewshot."):
+    if metric.rsplit(".", 1)[-1].endswith(("top1", "top5", "acc")) or metric.startswith(("fewshot.", "parts.")):
         ax.set_ylim(0, 1)  # an accuracy on its whole scale
         guess = chance(metric_runs(cells, rows, metric, out), metric)
         if guess is not None:
@@ -194,15 +197,23 @@ def line_label(
 def chance(runs: list[Path], metric: str) -> tuple[float, str] | None:
     """Where guessing lands on an accuracy, and its legend ``chance (k/K)``: top-k of the K classes of the data it is
     measured on, as the runs record K (a fewshot probe's own record, else its cell's finetune run's model; the
-    model's for the rest). None where a run does not record K or the runs differ: never a guess."""
-    name, fewshot = metric.rsplit(".", 1)[-1], metric.startswith("fewshot.")
-    if not fewshot and not name.endswith(("top1", "top5")):
+    model's for the rest; for a part of the label, the values the parts probe recorded). None where a run does not
+    record K or the runs differ: never a guess."""
+    name, fewshot, part = metric.rsplit(".", 1)[-1], metric.startswith("fewshot."), metric.startswith("parts.")
+    if not (fewshot or part) and not name.endswith(("top1", "top5")):
         return None  # an accuracy over something else (MPP's colours), not the model's classes
-    found = {_fewshot_classes(run) if fewshot else _model_classes(run) for run in runs}
+    count = _fewshot_classes if fewshot else functools.partial(_part_values, part=name) if part else _model_classes
+    found = {count(run) for run in runs}
     if len(found) != 1 or None in found:
         return None
     k, classes = (5 if name.endswith("top5") else 1), cast(int, found.pop())
     return min(k / classes, 1.0), f"chance ({k}/{classes})"
+
+
+def _part_values(run_dir: Path, part: str) -> int | None:
+    path = run_dir / PARTS_FILE  # the parts probe's record says how many values each part of the label takes
+    n = (json.loads(path.read_text()).get("values") or {}).get(part) if path.is_file() else None
+    return n if type(n) is int and n > 0 else None
 
 
 def _model_classes(run_dir: Path) -> int | None:
