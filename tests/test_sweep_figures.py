@@ -15,7 +15,15 @@ from vitkit.models import model_from_config
 from vitkit.models.flops import model_flops
 from vitkit.sweep import load_spec, run_sweep
 from vitkit.sweep.aggregate import Row
-from vitkit.sweep.figures import chance, curves_figure, metric_figure, metric_runs, model_summary
+from vitkit.sweep.figures import (
+    ModelSummary,
+    chance,
+    curves_figure,
+    line_label,
+    metric_figure,
+    metric_runs,
+    model_summary,
+)
 from vitkit.sweep.probes import FEWSHOT_FILE, PARTS_FILE
 
 TINY = tiny_digits(schedule={"steps": 2, "warmup_steps": 0}, run={"save_every": 0, "log_every": 1})
@@ -108,3 +116,19 @@ def test_the_curves_figure_averages_each_rows_seeds_at_the_steps_all_evaluated(t
     for cell in spec.expand():  # one evaluation each: no curve to draw
         (tmp_path / cell.name / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 9, "eval_top1": 1}))
     assert curves_figure(spec, rows, tmp_path) is None
+
+
+def test_a_line_of_several_models_of_one_family_is_labelled_by_the_family(tmp_path):
+    sizes = {
+        tmp_path / "small": ModelSummary("ViT", 139_000, 4_850_000),
+        tmp_path / "big": ModelSummary("ViT", 456_000, 1),
+    }
+    rows = [Row({"model.name": "vit_ti16", "model.width": w, "model.patch_size": 4}, 1, {}, {}, [0]) for w in (64, 96)]
+    keys = ["model.name", "model.patch_size"]
+    assert line_label(keys, rows, list(sizes), sizes.__getitem__) == "ViT"
+    sizes[tmp_path / "big"] = ModelSummary("hybrid (ResNet+ViT)", 1, 1)  # two families: the keys say it
+    assert line_label(keys, rows, list(sizes), sizes.__getitem__) == "name=vit_ti16, patch_size=4"
+    assert (
+        line_label(keys, rows[:1], [tmp_path / "small"], sizes.__getitem__)
+        == "ViT 139k params, 4.85 MFLOPs, patch_size=4"
+    )

@@ -182,15 +182,20 @@ def line_label(
     line_keys: list[str], members: list[Row], runs: list[Path], describe: Callable[[Path], ModelSummary]
 ) -> str:
     """A line's legend: ``key=value`` of its keys (those its cells lack left out), led by what its model is
-    (ModelSummary of its first run) where a key is a model's and the line holds one model; the model's registered
-    name, which the spec overrides, is then left out."""
+    (ModelSummary of its first run) where a key is a model's and the line holds one model, or by the family of its
+    models where it holds several of one family; the model's registered name, which the spec overrides, is then
+    left out."""
     given = [(k, v) for k in line_keys if (v := value_text(members[0].values.get(k))) != "null"]
     model_axes = sorted({k for r in members for k in r.values if k.startswith("model.")})
     one_model = len({tuple(value_text(r.values.get(k)) for k in model_axes) for r in members}) == 1
     parts = []
-    if runs and one_model and any(k.startswith("model.") for k in line_keys):
+    families = {describe(run).family for run in runs} if any(k.startswith("model.") for k in line_keys) else set()
+    if runs and one_model and families:
         parts.append(str(describe(runs[0])))
         given = [(k, v) for k, v in given if k not in SAID_BY_SUMMARY]
+    elif len(families) == 1:  # models of one family along the line (sizes): the family says what the keys would
+        parts.append(families.pop())
+        given = [(k, v) for k, v in given if not k.startswith("model.")]
     return ", ".join(parts + [f"{k.rsplit('.', 1)[-1]}={v}" for k, v in given])
 
 
