@@ -182,14 +182,11 @@ def build_shapes(cfg: DataConfig) -> tuple[ProceduralShapes, ProceduralShapes, D
         raise UserError(
             f"data.train_augment={src.train_augment}: the shapes take none or shift (a crop may cut a marker)"
         )
-    moves = src.flip or (src.train_augment == "shift" and src.shift_pixels > 0)
     augment = {"augment": src.train_augment, "flip": src.flip, "shift_pixels": src.shift_pixels}
     drawn = partial(
         ProceduralShapes, seed=cfg.split_seed, img_size=src.img_size, in_chans=src.in_chans, mean=mean, std=std
-    )
-    train = drawn(
-        cfg.num_images, stream=TRAIN_STREAM, augment={**augment, "fill": black_level(mean, std)} if moves else None
-    )
+    )  # augment_images leaves the images as they are where nothing moves them
+    train = drawn(cfg.num_images, stream=TRAIN_STREAM, augment={**augment, "fill": black_level(mean, std)})
     test = drawn(cfg.eval_images, stream=EVAL_STREAM)
     return train, test, _info(cfg, SHAPE_NAMES)
 
