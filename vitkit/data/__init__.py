@@ -8,7 +8,7 @@ paper). Augmentation draws from torch's global RNG only, so a loop that seeds to
 exactly, also after a resume. ``DatasetInfo`` records the classes and the evaluation preprocessing.
 """
 
-from .build import build_datasets
+from .build import build_datasets, build_selection
 from .config import SOURCE_DEFAULTS, SOURCES, DataConfig, DatasetInfo
 from .datasets import (
     IMAGE_EXTENSIONS,
@@ -33,6 +33,7 @@ __all__ = [
     "WebDatasetStream",
     "augment_images",
     "build_datasets",
+    "build_selection",
     "eval_transform",
     "image_transform",
     "load_image",

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,7 +29,7 @@ from .digits import digits_to_unit_range, load_digits_arrays
 from .hf import HFImageDataset, build_hf_parts
 from .manifest import split_manifest
 from .procedural import CLASS_NAMES as SHAPE_NAMES
-from .procedural import EVAL_STREAM, TRAIN_STREAM, ProceduralShapes
+from .procedural import EVAL_STREAM, SELECT_STREAM, TRAIN_STREAM, ProceduralShapes
 from .transforms import black_level, channel_stats, eval_transform, train_transform
 from .wds import build_wds_parts
 
@@ -174,7 +174,6 @@ def build_synthetic(cfg: DataConfig) -> tuple[TensorImageDataset, TensorImageDat
 def build_shapes(cfg: DataConfig) -> tuple[ProceduralShapes, ProceduralShapes, DatasetInfo]:
     """Procedural shapes drawn on the fly: data.num_images to train on (flipped or shifted as the data section says),
     data.eval_images held out."""
-    mean, std = _stats(cfg)
     src = SourceFields.of(cfg)
     if cfg.train_fraction < 1:
         raise UserError("data.source=shapes: no data.train_fraction; set data.num_images to the size you want")
@@ -182,13 +181,32 @@ def build_shapes(cfg: DataConfig) -> tuple[ProceduralShapes, ProceduralShapes, D
         raise UserError(
             f"data.train_augment={src.train_augment}: the shapes take none or shift (a crop may cut a marker)"
         )
+    # augment_images leaves the images as they are where nothing moves them
     augment = {"augment": src.train_augment, "flip": src.flip, "shift_pixels": src.shift_pixels}
-    drawn = partial(
-        ProceduralShapes, seed=cfg.split_seed, img_size=src.img_size, in_chans=src.in_chans, mean=mean, std=std
-    )  # augment_images leaves the images as they are where nothing moves them
-    train = drawn(cfg.num_images, stream=TRAIN_STREAM, augment={**augment, "fill": black_level(mean, std)})
-    test = drawn(cfg.eval_images, stream=EVAL_STREAM)
-    return train, test, _info(cfg, SHAPE_NAMES)
+    train = _shapes(cfg, cfg.num_images, TRAIN_STREAM, {**augment, "fill": black_level(*_stats(cfg))})
+    return train, _shapes(cfg, cfg.eval_images, EVAL_STREAM), _info(cfg, SHAPE_NAMES)
+
+
+def build_selection(cfg: DataConfig) -> ProceduralShapes | None:
+    """The images a run chooses its weights on (data.select_images, shapes only), apart from both of build_datasets'
+    sets; None where the data section asks for none."""
+    cfg = cfg.resolve()
+    return _shapes(cfg, cfg.select_images, SELECT_STREAM) if cfg.select_images else None
+
+
+def _shapes(cfg: DataConfig, count: int, stream: int, augment: dict[str, Any] | None = None) -> ProceduralShapes:
+    mean, std = _stats(cfg)
+    src = SourceFields.of(cfg)
+    return ProceduralShapes(
+        count,
+        seed=cfg.split_seed,
+        stream=stream,
+        img_size=src.img_size,
+        in_chans=src.in_chans,
+        mean=mean,
+        std=std,
+        augment=augment,
+    )
 
 
 def _in_memory(

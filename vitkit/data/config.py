@@ -70,6 +70,7 @@ class DataConfig:
     synthetic_classes: int = 4  # synthetic: number of classes
     num_images: int = 10_000  # shapes: training images, drawn on the fly from split_seed (vitkit.data.procedural)
     eval_images: int = 2_000  # shapes: held-out images, from a seed stream of their own
+    select_images: int = 0  # shapes: images, a stream of their own, to choose the weights on (early stopping)
     image_column: str | None = None  # hf: the column of images (None: the Image feature, or "image" / "img")
     label_column: str | None = None  # hf: the column of labels (None: the ClassLabel feature, or "label")
     shuffle_buffer: int = 1000  # wds: samples held in the streaming shuffle buffer of each rank (1: no shuffle)
@@ -116,6 +117,11 @@ class DataConfig:
             raise UserError(
                 f"data.num_images={self.num_images}, data.eval_images={self.eval_images}: the shapes source needs "
                 "at least one image of each"
+            )
+        if self.select_images < 0 or (self.select_images and self.source != "shapes"):
+            raise UserError(
+                f"data.select_images={self.select_images}: expected 0, or a number of images with data.source=shapes "
+                f"(source {self.source!r}: hold out an evaluation set of its own instead)"
             )
         if self.shuffle_buffer < 1:
             raise UserError(f"data.shuffle_buffer: expected >= 1 (1: stream order), got {self.shuffle_buffer}")

@@ -30,7 +30,7 @@ LABEL_PARTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "shape": lambda label: label // len(RELATIONS),
     "side": lambda label: label % len(RELATIONS),
 }
-TRAIN_STREAM, EVAL_STREAM = 0, 1
+TRAIN_STREAM, EVAL_STREAM, SELECT_STREAM = 0, 1, 2  # training, held-out evaluation, checkpoint selection
 _BACKGROUNDS = 4
 
 

@@ -159,8 +159,9 @@ def headline(
 ) -> Html:
     evals = [r for r in records if r.get("kind") == "eval"]
     train = [r for r in records if r.get("kind") == "train"]
-    final: dict[str, Any] = evals[-1] if evals else (loaded.metadata.get("metrics", {}) if loaded else {})
-    cards = []
+    chosen = [r for r in records if r.get("kind") == "selected"]  # data.select_images: the weights the run kept
+    final: dict[str, Any] = (chosen or evals)[-1] if evals else (loaded.metadata.get("metrics", {}) if loaded else {})
+    cards = [_card(fmt(int(chosen[-1]["selected_step"])), "step of the weights kept")] if chosen else []
     if "eval_top1" in final:
         cards += [_card(percent(final["eval_top1"]), "held-out top-1"), _card(percent(final["eval_top5"]), "top-5")]
         cards.append(_card(f"{final['eval_loss']:.4f}", "held-out cross-entropy"))

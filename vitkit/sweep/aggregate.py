@@ -75,7 +75,10 @@ def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float |
         if run_status(run_dir) != "finished":
             return None
         kind, _, key = name.partition(".") if name.startswith("train.") else ("eval", "", name)
-        records = [r for r in MetricsLog(run_dir).records() if r.get("kind") == kind]
+        every = MetricsLog(run_dir).records()
+        records = [r for r in every if r.get("kind") == kind]
+        if kind == "eval":  # a run that chose its weights (data.select_images): the evaluation of those
+            records = [r for r in every if r.get("kind") == "selected"] or records
         if not records or key not in records[-1]:
             have = sorted(records[-1]) if records else []
             raise UserError(

@@ -32,6 +32,7 @@ from .objectives import headline
 from .optim import lr_at, polyak_label, set_lr
 from .plan import plan_text
 from .sampling import mix_seed
+from .select import selection_metrics
 from .setup import Batch, RunSetup, dataset_size
 from .state import save_train_state
 
@@ -75,13 +76,14 @@ class TrainResult:
         """The run in one line: the final held-out metrics, the steps, the parameters, the timing and where it is."""
         m, timing = self.metrics, f"wall time {self.wall_s:.1f} s ({self.steps_run:,} steps in {self.steps_s:.1f} s)"
         run = f"{self.step} steps, {self.num_params:,} params, {timing} | run: {self.run_dir}"
+        final = "final" if "selected_step" not in m else f"chosen (step {m['selected_step']}, data.select_images)"
         if "eval_mpp_acc" in m:  # masked patch prediction: no labels, the colour prediction is what is scored
             return (
-                f"final held-out masked patch prediction: colour accuracy {100 * m['eval_mpp_acc']:.2f}% loss "
+                f"{final} held-out masked patch prediction: colour accuracy {100 * m['eval_mpp_acc']:.2f}% loss "
                 f"{m['eval_mpp_loss']:.4f} on {m['eval_images']} images | {run}"
             )
         return (
-            f"final held-out accuracy: top-1 {100 * m['eval_top1']:.2f}% top-5 {100 * m['eval_top5']:.2f}% "
+            f"{final} held-out accuracy: top-1 {100 * m['eval_top1']:.2f}% top-5 {100 * m['eval_top5']:.2f}% "
             f"loss {m['eval_loss']:.4f} on {m['eval_images']} images | {run}"
         )
 
@@ -157,9 +159,11 @@ class Trainer(RunSetup):
         metrics: dict[str, float] = {}
         if self.dist.is_main:
             run = self.cfg.run
-            metrics = self.objective.evaluate(
-                self.eval_model, self.eval_ds, self.device, run.eval_batch_size, run.amp, self.cfg.data.num_workers
-            )
+            scoring = (self.device, run.eval_batch_size, run.amp, self.cfg.data.num_workers)
+            metrics = self.objective.evaluate(self.eval_model, self.eval_ds, *scoring)
+            if self.selection is not None:  # data.select_images: scored apart, and the weights kept if the best
+                metrics |= selection_metrics(self.objective.evaluate(self.eval_model, self.selection.dataset, *scoring))
+                self.selection.offer(self.step, metrics, self.eval_model)
             record = {"kind": "eval", "step": self.step, "epoch": self.epoch, **metrics}
             if self.averaged is not None:
                 record["weights"] = polyak_label(self.cfg.optim.polyak, self.cfg.optim.polyak_warmup)
@@ -235,13 +239,20 @@ class Trainer(RunSetup):
                 "loss_window": self.window,  # so a resumed run's next record averages the same steps
                 "time": self.elapsed,
             }
-            save_train_state(self.state_path, self.model, self.optimizer, info, self.scaler, self.averaged)
+            best = None
+            if self.selection is not None:
+                info["best"], best = self.selection.state(), self.selection.weights
+            save_train_state(self.state_path, self.model, self.optimizer, info, self.scaler, self.averaged, best)
             meta = {**self.info.to_dict(), "step": self.step, "total_steps": self.total_steps, "epoch": self.epoch}
             meta["metrics"] = self.last_eval
             if self.averaged is not None:  # the run's model is the averaged one; the raw weights are in the state
                 meta["weights"] = polyak_label(self.cfg.optim.polyak, self.cfg.optim.polyak_warmup)
-            model, extra, about = self.objective.export(self.eval_model)  # mpp: the ViT, its head kept as extras
-            save_pretrained(model, self.run_dir, metadata={**meta, **about}, extra=extra)
+            chosen: contextlib.AbstractContextManager[nn.Module] = contextlib.nullcontext(self.eval_model)
+            if self.selection is not None and self.selection.step is not None:  # the run's model: the chosen weights
+                meta["metrics"], chosen = self.selection.result(), self.selection.chosen(self.eval_model)
+            with chosen as saved:
+                model, extra, about = self.objective.export(saved)  # mpp: the ViT, its head kept as extras
+                save_pretrained(model, self.run_dir, metadata={**meta, **about}, extra=extra)
         dist_utils.barrier(self.dist)
         self.last_saved = self.step
 
@@ -336,6 +347,10 @@ class Trainer(RunSetup):
             final = self.last_eval
         else:
             final = self.evaluate()
+            if self.selection is not None:  # the run's result: the chosen weights' held-out scores, recorded last
+                final = self.last_eval = self.selection.result()
+                if self.dist.is_main:
+                    self.metrics.write({"kind": "selected", "step": self.step, "epoch": self.epoch, **final})
             self.save()
         if self.dist.is_main and self.cfg.run.plots:
             d, classifies = self.cfg.data, self.cfg.run.objective == "classification"

@@ -2,7 +2,9 @@
 
 Records are ``{"kind": "train", "step", "epoch", "loss", "lr", "images_per_s", "time"}`` every log_every steps and
 ``{"kind": "eval", "step", "epoch", "eval_loss", "eval_top1", "eval_top5"}`` (MPP: ``eval_mpp_loss``,
-``eval_mpp_acc``) at each evaluation. A train record's loss is the mean over the steps since the previous record,
+``eval_mpp_acc``) at each evaluation; with data.select_images, each also holds the selection set's ``select_*``
+scores, and the run ends with ``{"kind": "selected", "selected_step", ...}``: the evaluation of the weights it chose
+(train/select.py). A train record's loss is the mean over the steps since the previous record,
 ``images_per_s`` their training alone, ``time`` the run's wall time. A resume cuts the file back to its step, so it
 reads as one uninterrupted run. With run.tensorboard the same scalars also go to run_dir/tensorboard.
 """

@@ -48,7 +48,8 @@ def plan_text(cfg: TrainConfig, model: nn.Module, info: DatasetInfo, num_train: 
         f"  {o.name} lr {o.lr:g}, weight decay {o.weight_decay:g}{''.join(', ' + e for e in extras)}; batch "
         f"{o.batch_size}{f' ({o.accum_steps} micro-batches)' if o.accum_steps > 1 else ''}; {steps:,} steps "
         f"(warmup {s.warmup_steps}, {s.decay}); evaluated "
-        + (f"every {cfg.run.eval_every} steps" if 0 < cfg.run.eval_every < steps else "at the end"),
+        + (f"every {cfg.run.eval_every} steps" if 0 < cfg.run.eval_every < steps else "at the end")
+        + (f"; keeps the weights that score best on {d.select_images:,} selection images" if d.select_images else ""),
     ]
     device = cfg.run.device
     on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..checkpoint.loader import Checkpoint
-from ..data import build_datasets
+from ..data import build_datasets, build_selection
 from ..data.augment import build_augment
 from ..device import bf16_is_fast, usable_cores
 from ..errors import ConfigError, UserError
@@ -33,6 +33,7 @@ from .optim import build_optimizer, polyak_average, run_schedule
 from .recipe import run_length
 from .rundir import claim_run_dir, discard_run_dir, find_resume_dir, write_config
 from .sampling import StepPlan, mix_seed, run_batches
+from .select import Selection
 from .state import STATE_NAME, load_train_state
 
 if TYPE_CHECKING:
@@ -91,6 +92,13 @@ class RunSetup:
         """The data sets, the order of their batches, the run's length and its schedule."""
         cfg, o = self.cfg, self.cfg.optim
         self.train_ds, self.eval_ds, self.info = build_datasets(cfg.data)
+        chooser = build_selection(cfg.data)
+        if chooser is not None and cfg.run.eval_every == 0:
+            raise UserError(
+                f"data.select_images={cfg.data.select_images} chooses among the run's evaluations, and "
+                "run.eval_every=0 evaluates only at the end: set run.eval_every (steps between evaluations)"
+            )
+        self.selection = Selection(chooser) if chooser is not None else None
         num_train = dataset_size(self.train_ds)
         self.plan = StepPlan(num_train, o.batch_size, o.accum_steps, self.dist.world_size, self.dist.rank, cfg.run.seed)
         self.total_steps = run_length(cfg, num_train)
@@ -176,7 +184,10 @@ class RunSetup:
         self.finished = False  # resumed at its end: nothing to train, evaluate or record again
         if not self.cfg.run.resume:
             return
-        doc = load_train_state(self.state_path, self.model, self.optimizer, self.scaler, self.averaged)
+        best: dict[str, torch.Tensor] = {}
+        doc = load_train_state(self.state_path, self.model, self.optimizer, self.scaler, self.averaged, best)
+        if self.selection is not None:
+            self.selection.restore(doc, best, self.state_path)
         self.step, self.last_saved, self.last_eval = doc["step"], doc["step"], doc.get("metrics", {})
         self.window = [float(v) for v in doc.get("loss_window", [])]
         self.time_before = float(doc.get("time", 0.0))

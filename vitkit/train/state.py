@@ -1,7 +1,8 @@
 """Training state for resume: one safetensors file, tensors plus a JSON document in its metadata.
 
     train_state.safetensors
-      tensors:  model.<param name>, averaged.<param name>, optim.<param index>.<state name> (exp_avg, step, ...)
+      tensors:  model.<param name>, averaged.<param name>, optim.<param index>.<state name> (exp_avg, step, ...),
+                best.<param name> (the weights data.select_images chose so far: train/select.py)
       metadata: {"vitkit_train_state": JSON with step, optimizer param groups and non-tensor state, GradScaler
                  state and what the engine adds (epoch, last metrics, ...)}
 
@@ -33,11 +34,14 @@ def save_train_state(
     info: dict[str, Any],
     scaler: torch.amp.GradScaler | None = None,
     averaged: nn.Module | None = None,
+    best: dict[str, torch.Tensor] | None = None,
 ) -> None:
-    """Write model, optimizer (and averaged model) tensors and ``info`` (plain JSON: step, ...) atomically."""
+    """Write model, optimizer (and averaged model, best weights) tensors and ``info`` (plain JSON: step, ...)
+    atomically."""
     tensors = {f"model.{k}": v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
     if averaged is not None:
         tensors.update({f"averaged.{k}": v.detach().contiguous().cpu() for k, v in averaged.state_dict().items()})
+    tensors.update({f"best.{k}": v.detach().contiguous().cpu() for k, v in (best or {}).items()})
     optim = optimizer.state_dict()
     plain_state: dict[str, dict[str, Any]] = {}
     for idx, entries in optim["state"].items():
@@ -139,9 +143,13 @@ def load_train_state(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler | None = None,
     averaged: nn.Module | None = None,
+    best: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, Any]:
-    """Restore model, optimizer, scaler and averaged model in place; returns the JSON document (step, ...)."""
+    """Restore model, optimizer, scaler and averaged model in place, and fill ``best`` with the best weights it
+    holds (none without data.select_images); returns the JSON document (step, ...)."""
     doc, tensors = read_train_state(path)
+    if best is not None:
+        best.update({k[len("best.") :]: v for k, v in tensors.items() if k.startswith("best.")})
     if averaged is not None:
         saved = {k[len("averaged.") :]: v for k, v in tensors.items() if k.startswith("averaged.")}
         if not saved:
