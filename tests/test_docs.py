@@ -180,17 +180,20 @@ def test_page_within_its_length(path: Path, limit: int) -> None:
 
 def test_make_test_says_how_long_and_shows_its_progress(tmp_path: Path) -> None:
     """The README says how long `make test` takes beside the command, and the pytest call of the Makefile's recipe
-    (run here on two one-test files, with the project's pytest settings) prints a line per file ending in the share
-    of the suite done."""
+    (run here on two one-test files, with the project's pytest settings) runs them in its two workers and prints
+    the share of the suite done."""
     assert re.search(r"^make test +#.*about \d+ minutes", README.read_text(), re.M)
-    recipe = re.search(r"^test:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), re.M)
-    assert recipe is not None
-    command = shlex.split(recipe.group(1).replace("$(PY)", sys.executable).replace("$(PYTEST_ARGS)", ""))
+    makefile = (ROOT / "Makefile").read_text()
+    recipe = re.search(r"^test:.*\n\t(.*)$", makefile, re.M)
+    workers = re.search(r"^TEST_WORKERS \?= (\d+)$", makefile, re.M)
+    assert recipe is not None and workers is not None and workers.group(1) == "2"
+    command = recipe.group(1).replace("$(PY)", sys.executable).replace("$(TEST_WORKERS)", workers.group(1))
+    command = shlex.split(command.replace("$(PYTEST_ARGS)", ""))
     for name in ("a", "b"):
         (tmp_path / f"test_{name}.py").write_text("def test_it():\n    pass\n")
     settings = ["-c", str(ROOT / "pyproject.toml"), "--rootdir", str(tmp_path), "-p", "no:cacheprovider"]
     out = subprocess.run([*command, *settings, str(tmp_path)], capture_output=True, text=True, cwd=tmp_path).stdout
-    assert re.search(r"^test_a\.py \. +\[ 50%\]$", out, re.M) and re.search(r"^test_b\.py \. +\[100%\]$", out, re.M)
+    assert "2 workers [2 items]" in out and re.search(r"^\.\. +\[100%\]$", out, re.M), out
 
 
 @pytest.mark.parametrize("path", PAGES, ids=page_id)
