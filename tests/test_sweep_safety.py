@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -204,6 +205,36 @@ def test_jobs_workers_stop_with_their_state_saved_when_the_sweep_is_killed(tmp_p
     assert not any(_alive(w) for w in workers), "workers outlived their sweep"
     assert all(run_status(c) == "partial" for c in cells)
     assert not any((c / ".lock").exists() for c in cells)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree in /proc")
+def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_path):
+    """SIGINT to the sweep's process alone (not its process group, as `kill -INT` sends it): the running cells save
+    their state at a step boundary, the queued one never starts, and the command ends as interrupted."""
+    overrides = ["schedule.steps=100000", "run.save_every=0"]  # a state only where a signal saves one
+    spec = _spec(tmp_path / "s.yaml", grid={"optim.lr": [0.001, 0.002, 0.003]}, overrides=overrides)
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "vitkit.cli", "sweep", str(spec), "--out", str(out), "--jobs", "2"]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cells = [out / "lr-0.001_seed-0", out / "lr-0.002_seed-0"]
+    try:
+        deadline = time.monotonic() + 120
+        while not all((c / "metrics.jsonl").is_file() for c in cells):  # both cells training
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        workers = _children(proc.pid)
+        os.kill(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err, err
+    deadline = time.monotonic() + 30
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(workers) >= 2 and not any(_alive(w) for w in workers)
+    assert all(run_status(c) == "partial" for c in cells)  # each stopped at a step boundary with its state saved
+    assert not (out / "lr-0.003_seed-0").exists() and not any((c / ".lock").exists() for c in cells)
 
 
 @pytest.mark.parametrize("damage", ["garbage", "step 1e12"])

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from multiprocessing import get_context
+from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -233,14 +234,20 @@ def _run_stage(cfg: TrainConfig, hooks: RunHooks) -> str:
     return "resumed" if resume else "ran"
 
 
-def _watch_parent(parent: int) -> None:
-    """A --jobs worker's initializer: when the sweep's process dies (the OOM killer, kill -9), the worker stops as
-    on Ctrl-C (a running cell saves its state at its next step), then exits (_run_in_worker)."""
+def _watch_parent(parent: int, stop: Event) -> None:
+    """A --jobs worker's initializer. The worker ignores SIGINT of its own: a Ctrl-C reaches the sweep's process,
+    which sets ``stop``, and the worker's training loop installs its own handler. When ``stop`` is set or the sweep's
+    process dies (the OOM killer, kill -9), the worker sends itself SIGINT: a running cell saves its state at its
+    next step and stops (a second one, once the loop has restored the handlers, is ignored); then it exits
+    (_run_in_worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent and not stop.wait(0.5):
+            pass
+        while True:  # until a training loop hears it, or the worker ends
+            os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.5)
-        os.kill(os.getpid(), signal.SIGTERM)
 
     threading.Thread(target=watch, name="vitkit-sweep-parent", daemon=True).start()
 
@@ -300,20 +307,36 @@ def run_cells(
                 log(f"{plan.name}: failed: {e}")
         return SweepRun(actions, failed)
     context, me = get_context("spawn"), os.getpid()
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_watch_parent, initargs=(me,)) as pool:
+    stop = context.Event()
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_watch_parent, initargs=(me, stop)) as pool:
         futures: dict[Future[list[str]], CellPlan] = {}
         for plan in pending:
             log(f"{plan.name}: queued")
             futures[pool.submit(_run_in_worker, me, plan)] = plan
-        for future in as_completed(futures):
-            name = futures[future].name
-            error = future.exception()
-            if isinstance(error, CELL_FAILURES):
-                failed[name] = str(error)
-                log(f"{name}: failed: {error}")
-            elif error is not None:
-                raise error
-            else:
-                actions[name] = future.result()
-                log(f"{name}: {', '.join(actions[name])}")
+        try:
+            _collect(futures, actions, failed, log)
+        except BaseException:  # Ctrl-C, a signal, a bug: the running cells save their state and stop, no new one starts
+            stop.set()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
     return SweepRun(actions, failed)
+
+
+def _collect(
+    futures: dict[Future[list[str]], CellPlan],
+    actions: dict[str, list[str]],
+    failed: dict[str, str],
+    log: Callable[[str], object],
+) -> None:
+    """Each cell's actions, or its failure, as the workers finish them."""
+    for future in as_completed(futures):
+        name = futures[future].name
+        error = future.exception()
+        if isinstance(error, CELL_FAILURES):
+            failed[name] = str(error)
+            log(f"{name}: failed: {error}")
+        elif error is not None:
+            raise error
+        else:
+            actions[name] = future.result()
+            log(f"{name}: {', '.join(actions[name])}")
