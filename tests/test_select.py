@@ -142,3 +142,13 @@ def test_a_sweep_reports_the_chosen_evaluation_not_the_last(tmp_path):
     chosen, last_eval = records(run_dir)[-1], [r for r in records(run_dir) if r["kind"] == "eval"][-1]
     assert chosen["kind"] == "selected" and chosen["eval_top1"] != last_eval["eval_top1"]
     assert result.rows[0].mean["eval_top1"] == chosen["eval_top1"]
+
+
+def test_masked_patch_prediction_chooses_on_its_colour_accuracy(tmp_path):
+    doc = shapes_doc(tmp_path, "mpp")
+    doc["run"]["objective"] = "mpp"
+    result = train(config_from_dict(doc))
+    evals = [r for r in records(result.run_dir) if r["kind"] == "eval"]
+    best = max(r["select_mpp_acc"] for r in evals)
+    assert "select_top1" not in evals[0]
+    assert result.metrics["selected_step"] == next(r["step"] for r in evals if r["select_mpp_acc"] == best)
