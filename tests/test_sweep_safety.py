@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from vitkit.errors import UserError
 from vitkit.report.sweep import write_sweep_report
 from vitkit.sweep import run_sweep
 from vitkit.sweep.run import run_status
+from vitkit.train import NonFiniteLossError, TrainingInterrupted
 from vitkit.train.state import STATE_NAME
 
 TINY = tiny_digits(
@@ -235,6 +237,15 @@ def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_
     assert len(workers) >= 2 and not any(_alive(w) for w in workers)
     assert all(run_status(c) == "partial" for c in cells)  # each stopped at a step boundary with its state saved
     assert not (out / "lr-0.003_seed-0").exists() and not any((c / ".lock").exists() for c in cells)
+
+
+def test_what_a_worker_raises_crosses_back_to_the_sweep_whole():
+    """A --jobs worker's exception reaches the sweep pickled: one that did not unpickle would break the pool, which
+    then kills the other workers before they release their run directories."""
+    for error in (TrainingInterrupted("stopped at step 3", 2), NonFiniteLossError("nan"), UserError("bad value")):
+        copy = pickle.loads(pickle.dumps(error))
+        assert type(copy) is type(error) and str(copy) == str(error)
+    assert pickle.loads(pickle.dumps(TrainingInterrupted("stopped", 15))).signum == 15
 
 
 @pytest.mark.parametrize("damage", ["garbage", "step 1e12"])

@@ -240,6 +240,8 @@ def _watch_parent(parent: int, stop: Event) -> None:
     process dies (the OOM killer, kill -9), the worker sends itself SIGINT: a running cell saves its state at its
     next step and stops (a second one, once the loop has restored the handlers, is ignored); then it exits
     (_run_in_worker)."""
+    global _stop
+    _stop = stop
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
     def watch() -> None:
@@ -252,7 +254,12 @@ def _watch_parent(parent: int, stop: Event) -> None:
     threading.Thread(target=watch, name="vitkit-sweep-parent", daemon=True).start()
 
 
+_stop: Event | None = None  # in a --jobs worker: set when the sweep stops (_watch_parent)
+
+
 def _run_in_worker(parent: int, plan: CellPlan) -> list[str]:
+    if _stop is not None and _stop.is_set():  # queued before the sweep stopped: not started
+        return []
     try:
         return run_cell(plan)
     finally:

@@ -48,6 +48,9 @@ class TrainingInterrupted(RuntimeError):
         super().__init__(message)
         self.signum = signum
 
+    def __reduce__(self) -> tuple[type, tuple[str, int]]:  # crosses from a sweep's --jobs worker to the sweep
+        return type(self), (str(self), self.signum)
+
 
 @dataclass(frozen=True)
 class RunHooks:
