@@ -102,6 +102,22 @@ def test_the_attention_probe_gives_the_closed_form_of_uniform_attention(tmp_path
     assert sim.shape == (4, 4, 4, 4) and all(sim[r, c, r, c] == pytest.approx(1.0) for r in range(4) for c in range(4))
 
 
+
+def test_the_attention_metrics_read_the_probe_file_by_hand(tmp_path):
+    """layer<i> is the mean over heads, spread<i> the farthest head minus the nearest, rise the last measured layer's
+    mean minus the first's; a layer not measured is blank, one past the model's last an error naming the file."""
+    doc = {"images": 4, "distance": [[2.0, 6.0], [5.0, 7.0], None], "untrained_layers": [2], "uniform": 6.0}
+    (tmp_path / ATTENTION_FILE).write_text(json.dumps(doc))
+    expected = {"layer0": 4.0, "spread0": 4.0, "layer1": 6.0, "spread1": 2.0, "rise": 2.0}
+    assert {name: probe_metric(tmp_path, f"attention.{name}") for name in expected} == expected
+    assert probe_metric(tmp_path, "attention.layer2") is None and probe_metric(tmp_path, "attention.spread2") is None
+    with pytest.raises(UserError, match=r"attention.json has 3 layers \(0 to 2\)"):
+        probe_metric(tmp_path, "attention.spread3")
+    (tmp_path / ATTENTION_FILE).write_text(json.dumps({**doc, "distance": [[1.0, 3.0], None]}))
+    assert probe_metric(tmp_path, "attention.rise") is None  # one layer measured: no growth to speak of
+    (tmp_path / ATTENTION_FILE).write_text(json.dumps({"skipped": "ResNetV2 has no attention"}))
+    assert probe_metric(tmp_path, "attention.rise") is None
+
 SHAPES_DATA = {"source": "shapes", "img_size": 16, "num_images": 128, "eval_images": 48}
 
 
@@ -267,8 +283,10 @@ def test_a_cell_that_does_not_pretrain_trains_the_finetune_stage_alone_with_the_
 def test_probe_and_baseline_specs_are_checked(tmp_path):
     with pytest.raises(UserError, match="fewshot"):
         load_spec(_spec(tmp_path / "a.yaml", metrics=["fewshot.5shot"]))  # no probe
-    with pytest.raises(UserError, match="attention.layer"):
+    with pytest.raises(UserError, match="attention.layer<i>, attention.spread<i> or attention.rise"):
         load_spec(_spec(tmp_path / "b.yaml", metrics=["attention.last"], probes={"attention": {"images": 4}}))
+    for name in ("layer12", "spread0", "rise"):  # the names the probe reads (each checked in a test above)
+        load_spec(_spec(tmp_path / "b.yaml", metrics=[f"attention.{name}"], probes={"attention": {"images": 4}}))
     with pytest.raises(UserError, match="probes.attention"):
         load_spec(_spec(tmp_path / "c.yaml", probes={"attention": {"images": 0}}))
     with pytest.raises(UserError, match="probes"):

@@ -7,8 +7,10 @@ run directory, so that aggregation reads them like the run's own metrics.
   ``fewshot.json`` that ``vitkit fewshot`` writes; metrics ``fewshot.<k>shot``, the mean over its seeds.
 - ``attention`` (paper fig. 7): the mean attention distance (over patch queries) of every layer and head over the
   first ``images`` held-out images, and the position embeddings' similarity, in ``attention.json``; metrics
-  ``attention.layer<i>``, averaged over heads, blank for a model without attention and for a layer whose patch
-  queries are untrained (inspect.attention.untrained_layers: a class-token model's last; null in the file).
+  ``attention.layer<i>`` (averaged over heads), ``attention.spread<i>`` (farthest head minus nearest: local and
+  global heads side by side) and ``attention.rise`` (last measured layer minus the first: the growth with depth),
+  blank for a model without attention and for a layer whose patch queries are untrained
+  (inspect.attention.untrained_layers: a class-token model's last; null in the file).
 - ``parts``: accuracy on each factor of the label (data.procedural.LABEL_PARTS: the shapes' shape and side) and
   top-1, over the first ``images`` held-out images (default all), in ``parts.json``; metrics ``parts.<factor>``.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,10 +195,24 @@ def probe_metric(run_dir: Path, metric: str) -> float | None:
         if name not in doc["accuracy"]:
             raise UserError(f"metrics: {metric!r}: {path} has {sorted(doc['accuracy'])}")
         return float(doc["accuracy"][name])
-    if "skipped" in doc:
+    return None if "skipped" in doc else _attention_metric(doc["distance"], name, f"metrics: {metric!r}: {path}")
+
+
+def _attention_metric(distance: list[list[float] | None], name: str, where: str) -> float | None:
+    """``layer<i>``: layer i's mean over heads; ``spread<i>``: its farthest head's distance minus its nearest's;
+    ``rise``: the last measured layer's mean minus the first's (None: a layer not measured, or fewer than two)."""
+    if name == "rise":
+        measured = [sum(row) / len(row) for row in distance if row is not None]
+        return measured[-1] - measured[0] if len(measured) > 1 else None
+    found = re.fullmatch(r"(layer|spread)(\d+)", name)
+    assert found is not None  # spec._check_metrics allows no other name
+    kind, index = found[1], int(found[2])
+    if index >= len(distance):
+        raise UserError(f"{where} has {len(distance)} layers (0 to {len(distance) - 1})")
+    row = distance[index]
+    if row is None:
         return None
-    row = doc["distance"][int(name.removeprefix("layer"))]
-    return None if row is None else float(sum(row) / len(row))
+    return sum(row) / len(row) if kind == "layer" else max(row) - min(row)
 
 
 def is_probe_metric(metric: str) -> bool:

@@ -318,8 +318,9 @@ def _check_metrics(path: Path, metrics: list[str], probes: Probes, has_finetune:
         kind, _, name = m.partition(".")
         if kind in ("fewshot", "parts") and m not in probes.metrics(kind):
             raise UserError(f"{path}: metrics: {m!r}: not one of the {kind} probe's ({probes.metrics(kind) or 'none'})")
-        if kind == "attention" and (not probes.attention_images or not re.fullmatch(r"layer\d+", name)):
-            raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>")
+        if kind == "attention" and (not probes.attention_images or not re.fullmatch(r"(layer|spread)\d+|rise", name)):
+            raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>, "
+                            "attention.spread<i> or attention.rise")  # fmt: skip
 
 
 def load_spec(name_or_path: str | Path, quick: bool = False, scale: str = "cpu") -> SweepSpec:
