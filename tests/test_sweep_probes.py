@@ -102,7 +102,6 @@ def test_the_attention_probe_gives_the_closed_form_of_uniform_attention(tmp_path
     assert sim.shape == (4, 4, 4, 4) and all(sim[r, c, r, c] == pytest.approx(1.0) for r in range(4) for c in range(4))
 
 
-
 def test_the_attention_metrics_read_the_probe_file_by_hand(tmp_path):
     """layer<i> is the mean over heads, spread<i> the farthest head minus the nearest, rise the last measured layer's
     mean minus the first's; a layer not measured is blank, one past the model's last an error naming the file."""
@@ -118,6 +117,7 @@ def test_the_attention_metrics_read_the_probe_file_by_hand(tmp_path):
     (tmp_path / ATTENTION_FILE).write_text(json.dumps({"skipped": "ResNetV2 has no attention"}))
     assert probe_metric(tmp_path, "attention.rise") is None
 
+
 SHAPES_DATA = {"source": "shapes", "img_size": 16, "num_images": 128, "eval_images": 48}
 
 
@@ -129,7 +129,14 @@ def shapes_sweep(tmp_path_factory):
         tmp / "s.yaml",
         config={**TINY, "data": SHAPES_DATA},
         grid={"model.classifier": ["token", "gap"]},
-        metrics=["attention.layer0", "attention.layer1", "parts.shape", "parts.side"],
+        metrics=[
+            "attention.layer0",
+            "attention.layer1",
+            "attention.spread0",
+            "attention.rise",
+            "parts.shape",
+            "parts.side",
+        ],
         probes={"attention": {"images": 8}, "parts": {}},
     )
     result = run_sweep(spec, tmp / "out", log=lambda line: None)
@@ -152,6 +159,9 @@ def test_a_class_token_models_last_layer_is_not_measured_and_a_gap_models_every_
     assert rows["token"]["attention.layer1"] is None  # a blank cell in the table
     assert rows["token"]["attention.layer0"] == pytest.approx(sum(token["distance"][0]) / 2)
     assert rows["gap"]["attention.layer1"] == pytest.approx(sum(gap["distance"][1]) / 2)
+    assert rows["gap"]["attention.spread0"] == pytest.approx(abs(gap["distance"][0][0] - gap["distance"][0][1]))
+    assert rows["gap"]["attention.rise"] == pytest.approx(sum(gap["distance"][1]) / 2 - sum(gap["distance"][0]) / 2)
+    assert rows["token"]["attention.rise"] is None  # one layer measured
     assert shapes_sweep.out / "attention_distance.png" in shapes_sweep.files
 
 

@@ -1,5 +1,6 @@
 """Sweep scales and baselines: every shipped spec has a GPU scale whose configs build and whose quick variant runs
-the same code on a CPU; lists of cells multiply; an untrained cell's weights are its model as initialised."""
+the same code on a CPU; the GPU scale measures attention on 8x8 tokens of 4 px; lists of cells multiply; an
+untrained cell's weights are its model as initialised."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -17,6 +19,8 @@ from test_sweep import tiny_digits
 from vitkit.cli import main
 from vitkit.data import build_datasets
 from vitkit.errors import UserError
+from vitkit.inspect.attention import attention_distance
+from vitkit.models.vit import VisionTransformer
 from vitkit.sweep import load_spec, run_sweep, shipped_sweeps
 from vitkit.sweep.run import plan_cell
 from vitkit.train.model import build_model
@@ -37,6 +41,26 @@ def test_every_shipped_spec_has_a_gpu_scale_that_builds_and_is_bigger(name, tmp_
     assert {c.data.img_size for c in cpu_firsts} == {16}
     quick = load_spec(name, scale="gpu", quick=True)
     assert quick.options == "--scale gpu --quick" and len(quick.expand()) < len(gpu.expand())
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in sorted(shipped_sweeps()) if load_spec(n, scale="gpu").probes.attention_images]
+)
+def test_the_gpu_scales_attention_is_measured_on_8x8_tokens_of_4_pixels_and_runs(name, tmp_path):
+    """Every ViT whose attention a GPU scale measures (hybrids included, whose ResNet makes the /4) has the same 8x8
+    grid of 4-pixel tokens, so its distances compare with the others', and its first-stage model runs at 32 px."""
+    spec = load_spec(name, scale="gpu")
+    vits = 0
+    cells = [cell for cell in spec.expand() if cell.seed == spec.seeds[0]]  # the seeds build the same models
+    for plan in (plan_cell(spec, cell, tmp_path, threads=1) for cell in cells):
+        if plan.first is None or plan.first.model.name.startswith("bit_"):
+            continue
+        model = build_model(plan.first, build_datasets(plan.first.data)[2], None)
+        assert isinstance(model, VisionTransformer) and (model.grid, model.config.stride) == ((8, 8), (4, 4))
+        distance = attention_distance(model, torch.randn(2, 3, 32, 32))
+        assert distance.shape == (model.config.depth, model.config.num_heads) and np.isfinite(distance).all()
+        vits += 1
+    assert vits >= 2
 
 
 def test_the_gpu_scale_refuses_a_machine_without_one_unless_a_device_is_named(tmp_path, capsys, monkeypatch):
