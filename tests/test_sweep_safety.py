@@ -5,6 +5,7 @@ cell named in one line."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -176,6 +177,27 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _tracebacks(proc: subprocess.Popen) -> str:
+    """Every thread's traceback from each live process of the tree (PYTHONFAULTHANDLER set: SIGABRT dumps them to
+    stderr), as the process's stderr pipe has it; then none of them is left."""
+    tree, todo = [], [proc.pid]
+    while todo:
+        pid = todo.pop()
+        tree.append(pid)
+        todo += [c for c in _children(pid) if c not in tree] if _alive(pid) else []
+    for pid in tree:
+        if _alive(pid):
+            os.kill(pid, signal.SIGABRT)
+    try:
+        err = proc.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired as e:  # a process outside the tree holds the pipe: what came so far
+        err = e.stderr or b""
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return err.decode(errors="replace") if isinstance(err, bytes) else err
+
+
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
@@ -216,7 +238,7 @@ def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_
     overrides = ["schedule.steps=100000", "run.save_every=0"]  # a state only where a signal saves one
     spec = _spec(tmp_path / "s.yaml", grid={"optim.lr": [0.001, 0.002, 0.003]}, overrides=overrides)
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}  # SIGABRT: every thread's traceback
     command = [sys.executable, "-m", "vitkit.cli", "sweep", str(spec), "--out", str(out), "--jobs", "2"]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     cells = [out / "lr-0.001_seed-0", out / "lr-0.002_seed-0"]
@@ -227,7 +249,10 @@ def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_
             time.sleep(0.1)
         workers = _children(proc.pid)
         os.kill(proc.pid, signal.SIGINT)
-        _, err = proc.communicate(timeout=60)
+        try:
+            _, err = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # a hang: fail with where each process of the sweep waits
+            pytest.fail(f"the sweep did not stop within 120 s of SIGINT:\n{_tracebacks(proc)[-20000:]}")
     finally:
         proc.kill()
     assert proc.returncode == 130 and "interrupted" in err, err
