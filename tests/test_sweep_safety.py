@@ -6,6 +6,7 @@ cell named in one line."""
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import pickle
@@ -231,10 +232,26 @@ def test_jobs_workers_stop_with_their_state_saved_when_the_sweep_is_killed(tmp_p
     assert not any((c / ".lock").exists() for c in cells)
 
 
+TGKILL = {"x86_64": 234, "aarch64": 131}.get(os.uname().machine)  # the syscall that signals one thread of a process
+
+
+def _signal_a_helper_thread(pid: int, signum: int) -> None:
+    """``signum`` to one thread of ``pid`` other than its main thread (tgkill), as the kernel may choose for a
+    signal sent to the whole process."""
+    helpers = sorted(int(t) for t in os.listdir(f"/proc/{pid}/task") if int(t) != pid)
+    assert helpers, "the sweep's process has no thread but its main one"
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(TGKILL, pid, helpers[0], signum) == 0, os.strerror(ctypes.get_errno())
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree in /proc")
-def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_path):
+@pytest.mark.parametrize("receiver", ["process", "helper thread"])
+def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_path, receiver):
     """SIGINT to the sweep's process alone (not its process group, as `kill -INT` sends it): the running cells save
-    their state at a step boundary, the queued one never starts, and the command ends as interrupted."""
+    their state at a step boundary, the queued one never starts, and the command ends as interrupted. Also when one
+    of the process's helper threads receives it, while the main thread waits for the cells."""
+    if receiver == "helper thread" and TGKILL is None:
+        pytest.skip(f"no tgkill number for {os.uname().machine}")
     overrides = ["schedule.steps=100000", "run.save_every=0"]  # a state only where a signal saves one
     spec = _spec(tmp_path / "s.yaml", grid={"optim.lr": [0.001, 0.002, 0.003]}, overrides=overrides)
     out = tmp_path / "out"
@@ -248,7 +265,10 @@ def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         workers = _children(proc.pid)
-        os.kill(proc.pid, signal.SIGINT)
+        if receiver == "process":
+            os.kill(proc.pid, signal.SIGINT)
+        else:
+            _signal_a_helper_thread(proc.pid, signal.SIGINT)
         try:
             _, err = proc.communicate(timeout=120)
         except subprocess.TimeoutExpired:  # a hang: fail with where each process of the sweep waits

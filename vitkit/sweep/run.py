@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
 from multiprocessing.synchronize import Event
@@ -335,15 +335,18 @@ def _collect(
     failed: dict[str, str],
     log: Callable[[str], object],
 ) -> None:
-    """Each cell's actions, or its failure, as the workers finish them."""
-    for future in as_completed(futures):
-        name = futures[future].name
-        error = future.exception()
-        if isinstance(error, CELL_FAILURES):
-            failed[name] = str(error)
-            log(f"{name}: failed: {error}")
-        elif error is not None:
-            raise error
-        else:
-            actions[name] = future.result()
-            log(f"{name}: {', '.join(actions[name])}")
+    """Each cell's actions, or its failure, as the workers finish them. The wait wakes every second: a Ctrl-C that
+    one of the pool's threads receives runs its handler (KeyboardInterrupt) only once the main thread runs again."""
+    pending = set(futures)
+    while pending:
+        done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
+        for future in (f for f in futures if f in done):  # in the order the cells were queued
+            name, error = futures[future].name, future.exception()
+            if isinstance(error, CELL_FAILURES):
+                failed[name] = str(error)
+                log(f"{name}: failed: {error}")
+            elif error is not None:
+                raise error
+            else:
+                actions[name] = future.result()
+                log(f"{name}: {', '.join(actions[name])}")
