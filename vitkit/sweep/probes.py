@@ -36,6 +36,7 @@ from ..train.overrides import value_text
 ATTENTION_FIGURE = "attention_distance.png"  # write_attention_figures' figure of the whole sweep
 PROBE_KEYS = ("fewshot", "attention", "parts")
 FEWSHOT_FILE, ATTENTION_FILE, PARTS_FILE = "fewshot.json", "attention.json", "parts.json"
+ATTENTION_METRICS = re.compile(r"(layer|spread)(\d+)|rise")  # the names after "attention." (_attention_metric)
 FILES = {"fewshot": FEWSHOT_FILE, "attention": ATTENTION_FILE, "parts": PARTS_FILE}
 FEWSHOT_KEYS = {"data", "overrides", "shots", "seeds"}
 
@@ -204,7 +205,7 @@ def _attention_metric(distance: list[list[float] | None], name: str, where: str)
     if name == "rise":
         measured = [sum(row) / len(row) for row in distance if row is not None]
         return measured[-1] - measured[0] if len(measured) > 1 else None
-    found = re.fullmatch(r"(layer|spread)(\d+)", name)
+    found = ATTENTION_METRICS.fullmatch(name)
     assert found is not None  # spec._check_metrics allows no other name
     kind, index = found[1], int(found[2])
     if index >= len(distance):

@@ -27,7 +27,7 @@ from typing import Any
 from ..errors import UserError
 from ..train.config_files import read_yaml
 from ..train.overrides import value_text
-from .probes import Probes, parse_probes
+from .probes import ATTENTION_METRICS, Probes, parse_probes
 
 MAX_RUNS = 10_000  # runs in one sweep: each is a training run; a bigger grid is a typo or a job for a cluster
 SPEC_KEYS = ("config", "overrides", "grid", "cells", "skip", "seeds", "metrics", "figure", "finetune", "probes",
@@ -318,7 +318,7 @@ def _check_metrics(path: Path, metrics: list[str], probes: Probes, has_finetune:
         kind, _, name = m.partition(".")
         if kind in ("fewshot", "parts") and m not in probes.metrics(kind):
             raise UserError(f"{path}: metrics: {m!r}: not one of the {kind} probe's ({probes.metrics(kind) or 'none'})")
-        if kind == "attention" and (not probes.attention_images or not re.fullmatch(r"(layer|spread)\d+|rise", name)):
+        if kind == "attention" and (not probes.attention_images or not ATTENTION_METRICS.fullmatch(name)):
             raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>, "
                             "attention.spread<i> or attention.rise")  # fmt: skip
 
