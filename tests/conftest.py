@@ -1,12 +1,16 @@
 """Shared fixtures: ``device`` runs a test on the CPU and, where CUDA is available, again on the GPU; ``script`` is
 the benchmark script a test module names in its SCRIPT, loaded as a module (benchmarks/ is on sys.path, so the
 scripts' ``harness`` package imports as it does for them). The ``onednn_bf16`` marker skips a test where oneDNN
-multiplies no bf16."""
+multiplies no bf16. vitkit's download cache (where sweeps keep drawn shapes) is a temporary directory of the session."""
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from types import ModuleType
 
@@ -20,6 +24,8 @@ if str(BENCHMARKS) not in sys.path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ["VITKIT_CACHE"] = cache = tempfile.mkdtemp(prefix="vitkit-test-cache-")  # never the user's cache
+    atexit.register(shutil.rmtree, cache, ignore_errors=True)
     config.addinivalue_line("markers", "onednn_bf16: needs oneDNN's bf16 matmuls (vitkit's bf16 Dense paths)")
 
 

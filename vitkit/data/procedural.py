@@ -5,12 +5,17 @@ subsets nested, training and evaluation on generators of their own. Each holds a
 distractor strokes, the object (disc, square, triangle, cross or ring, placed, turned, sized and coloured at
 random) and a marker in its colour above or below it. The class is (shape, where the marker is), ``i % 10``:
 the shape is local work inside a patch or two, the marker a relation several patches apart, so a model needs both.
+
+Where ``$VITKIT_SHAPES_CACHE`` names a directory (a sweep sets it for its cells), the drawn images are kept there in
+files of ``CHUNK`` images (``ChunkFiles``), so the runs of a sweep on one set draw each image once between them.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,6 +25,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..errors import UserError
+from ..io import atomic_write
 from .transforms import augment_images
 
 SHAPES = ("disc", "square", "triangle", "cross", "ring")
@@ -31,6 +37,8 @@ LABEL_PARTS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "side": lambda label: label % len(RELATIONS),
 }
 TRAIN_STREAM, EVAL_STREAM, SELECT_STREAM = 0, 1, 2  # training, held-out evaluation, checkpoint selection
+CACHE_ENV = "VITKIT_SHAPES_CACHE"  # a directory for drawn images, shared by processes; unset or empty: none
+CHUNK = 1024  # images per cache file
 _BACKGROUNDS = 4
 
 
@@ -140,10 +148,68 @@ def render_shape_image(seed: int, stream: int, index: int, size: int = 32) -> tu
     return (img * 255 + 0.5).astype(np.uint8), label
 
 
+@functools.cache
+def renderer_key() -> str:
+    """What a drawn image depends on besides its seeds: this module's source and numpy (its generators' streams)."""
+    digest = hashlib.sha256(Path(__file__).read_bytes())
+    digest.update(np.__version__.encode())
+    return digest.hexdigest()[:16]
+
+
+class ChunkFiles:
+    """The images of one split and size, kept in ``root/<renderer_key>/seed<S>-stream<T>-<size>px/<k>.npy``: file k
+    holds images k * CHUNK to (k + 1) * CHUNK as uint8 (CHUNK, size, size, 3). The first process to need a file draws
+    it and writes it atomically (two at once write the same bytes); every reader maps it, checking its shape and
+    its first image against one drawn anew."""
+
+    def __init__(self, root: str | Path, seed: int, stream: int, size: int) -> None:
+        self.dir = Path(root) / renderer_key() / f"seed{seed}-stream{stream}-{size}px"
+        self.seed, self.stream, self.size = seed, stream, size
+        self._chunks: dict[int, np.ndarray] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_chunks": {}}  # a DataLoader worker maps the files itself
+
+    def pixels(self, index: int) -> np.ndarray:
+        """Image ``index`` as read-only uint8 (size, size, 3)."""
+        k, i = divmod(index, CHUNK)
+        if k not in self._chunks:
+            self._chunks[k] = self._read(k)
+        return self._chunks[k][i]
+
+    def _read(self, k: int) -> np.ndarray:
+        path = self.dir / f"{k:06d}.npy"
+        first = render_shape_image(self.seed, self.stream, k * CHUNK, self.size)[0]
+        if not path.exists():
+            drawn = np.stack([first, *(self._draw(i) for i in range(k * CHUNK + 1, (k + 1) * CHUNK))])
+            atomic_write(path, lambda tmp: _save(tmp, drawn), size=drawn.nbytes)
+            return drawn
+        expected = (CHUNK, self.size, self.size, 3)
+        try:
+            chunk = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as e:
+            raise UserError(f"{path}: not a drawn-shapes file ({e}); delete it and its images are drawn again") from e
+        if chunk.dtype != np.uint8 or chunk.shape != expected or not np.array_equal(chunk[0], first):
+            raise UserError(
+                f"{path}: holds other images than images {k * CHUNK}-{(k + 1) * CHUNK - 1} of {self.dir.name} "
+                f"(expected uint8 {expected}, got {chunk.dtype} {chunk.shape}); delete it and they are drawn again"
+            )
+        return chunk
+
+    def _draw(self, index: int) -> np.ndarray:
+        return render_shape_image(self.seed, self.stream, index, self.size)[0]
+
+
+def _save(tmp: str, pixels: np.ndarray) -> None:
+    with open(tmp, "wb") as f:  # a file object: np.save would add ".npy" to a name
+        np.save(f, pixels, allow_pickle=False)
+
+
 class ProceduralShapes(Dataset):
-    """``num_images`` shape images of split ``stream``, drawn in ``__getitem__`` (kept once drawn, per process,
-    up to ``CACHE_BYTES``): (float (C, S, S) normalised by ``(x - mean) / std``, label). ``augment`` (flip, shift),
-    for a subset seen several times, keeps the label: the marker stays above or below its object."""
+    """``num_images`` shape images of split ``stream``, drawn in ``__getitem__`` (kept once drawn: in the files of
+    ``$VITKIT_SHAPES_CACHE`` where it is set, else per process up to ``CACHE_BYTES``): (float (C, S, S) normalised by
+    ``(x - mean) / std``, label). ``augment`` (flip, shift), for a subset seen several times, keeps the label: the
+    marker stays above or below its object."""
 
     CACHE_BYTES = 512 * 2**20
     label_parts = LABEL_PARTS  # what the sweep's parts probe scores apart
@@ -171,8 +237,10 @@ class ProceduralShapes(Dataset):
         self.class_names = list(CLASS_NAMES)
         self.num_skipped = 0
         self.augment = augment or {}  # augment_images' keywords: augment, flip, shift_pixels, fill
-        fits = num_images * img_size * img_size * 3 <= self.CACHE_BYTES
-        self._cache: dict[int, tuple[np.ndarray, int]] | None = {} if fits else None  # index -> (pixels, label)
+        root = os.environ.get(CACHE_ENV)
+        self._files = ChunkFiles(root, seed, stream, img_size) if root else None
+        fits = self._files is None and num_images * img_size * img_size * 3 <= self.CACHE_BYTES
+        self._cache: dict[int, np.ndarray] | None = {} if fits else None  # index -> pixels
 
     def __len__(self) -> int:
         return self.num_images
@@ -185,28 +253,33 @@ class ProceduralShapes(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not 0 <= index < self.num_images:
             raise IndexError(f"index {index} out of range for {self.num_images} images")
-        x, label = self._drawn(int(index))
-        return self.augment_batch(x[None])[0], label
+        x = self._normalised(self._pixels(int(index))[None])
+        return self.augment_batch(x)[0], int(index) % len(CLASS_NAMES)
 
     def images_at(self, indices: torch.Tensor) -> torch.Tensor:
         """(B, C, S, S): the images at ``indices``, normalised and not augmented (a batch for augment_batch)."""
-        return torch.stack([self._drawn(int(i))[0] for i in indices])
+        return self._normalised(np.stack([self._pixels(int(i)) for i in indices]))
 
     def augment_batch(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, S, S) -> (B, C, S, S) with this set's flips and shifts, in one resampling; identity without."""
         return augment_images(images, **self.augment) if self.augment else images
 
-    def _drawn(self, index: int) -> tuple[torch.Tensor, int]:
-        drawn = self._cache.get(index) if self._cache is not None else None
-        if drawn is None:
-            drawn = render_shape_image(self.seed, self.stream, index, self.img_size)
+    def _pixels(self, index: int) -> np.ndarray:
+        if self._files is not None:
+            return self._files.pixels(index)
+        pixels = self._cache.get(index) if self._cache is not None else None
+        if pixels is None:
+            pixels = render_shape_image(self.seed, self.stream, index, self.img_size)[0]
             if self._cache is not None:
-                self._cache[index] = drawn
-        pixels, label = drawn
-        x = torch.from_numpy(pixels).permute(2, 0, 1).float().div_(255.0)  # (3, S, S)
+                self._cache[index] = pixels
+        return pixels
+
+    def _normalised(self, pixels: np.ndarray) -> torch.Tensor:
+        """uint8 (B, S, S, 3) -> float (B, C, S, S)."""
+        x = torch.from_numpy(np.array(pixels)).permute(0, 3, 1, 2).float().div_(255.0)  # a copy: files map read-only
         if self.in_chans == 1:
-            x = x.mean(0, keepdim=True)
-        return (x - self.mean) / self.std, label
+            x = x.mean(1, keepdim=True)
+        return (x - self.mean) / self.std
 
 
 def sample_grid(path: str | Path, per_class: int = 8, seed: int = 0, size: int = 32, scale: int = 3) -> Path:

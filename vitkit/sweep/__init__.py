@@ -22,7 +22,7 @@ from ..train.engine import NO_HOOKS, RunHooks
 from .aggregate import Row, aggregate, claim_lines, claim_results, write_table
 from .figures import write_figures
 from .probes import write_attention_figures
-from .run import SweepRun, plan_cells, run_cells
+from .run import SweepRun, keep_drawn_shapes, plan_cells, run_cells
 from .spec import Cell, SweepSpec, load_spec, shipped_sweeps
 
 
@@ -73,7 +73,8 @@ def run_sweep(
         if not aggregate_only:
             settings = len(cells) // len(spec.seeds)
             log(f"{spec.name}: {len(cells)} runs ({settings} settings x {len(spec.seeds)} seeds) in {out}")
-            done = run_cells(plans, jobs, log, force)
+            with keep_drawn_shapes():
+                done = run_cells(plans, jobs, log, force)
         rows, records = aggregate(spec, cells, out, done.failed)
         claims = claim_results(spec, records)
         files = write_table(spec, rows, records, claims, out) + write_figures(spec, rows, out)

@@ -6,18 +6,20 @@ picks up where a killed sweep stopped: a finished run is never touched, one with
 one killed before its first save is removed (under its lock; never a file no run writes) and started again. A cell's
 finetune stage starts from its first run's weights in OUT/<cell name>--finetune (with ``pretrain: false`` from
 scratch), after its probes. ``--jobs N`` runs N cells at once in spawned processes, each on at most cores // N
-threads, which stop (their state saved) when the sweep's process dies.
+threads, which stop (their state saved) when the sweep's process dies. The cells keep the procedural images they
+draw in files under the download cache (``keep_drawn_shapes``): a sweep on one set of shapes draws each image once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -29,9 +31,11 @@ import torch
 
 from ..checkpoint.base import read_config_json
 from ..checkpoint.native import CONFIG_NAME, WEIGHTS_NAME
+from ..data.procedural import CACHE_ENV
 from ..device import usable_cores
 from ..errors import UserError
 from ..io import DirectoryLock, is_temp_name
+from ..pretrained.cache import cache_dir
 from ..train.config import TrainConfig
 from ..train.engine import NO_HOOKS, NonFiniteLossError, RunHooks, train
 from ..train.metrics import METRICS_NAME, PLOT_NAMES, TENSORBOARD_DIR
@@ -273,6 +277,20 @@ class SweepRun:
 
     actions: dict[str, list[str]]
     failed: dict[str, str]
+
+
+@contextlib.contextmanager
+def keep_drawn_shapes() -> Iterator[None]:
+    """$VITKIT_SHAPES_CACHE, unless already set (to a directory, or empty for none), is <download cache>/shapes
+    while the sweep runs: its cells (spawned workers included) and later sweeps share the images drawn."""
+    if CACHE_ENV in os.environ:
+        yield
+        return
+    os.environ[CACHE_ENV] = str(cache_dir() / "shapes")
+    try:
+        yield
+    finally:
+        os.environ.pop(CACHE_ENV, None)
 
 
 def plan_cells(spec: SweepSpec, cells: list[Cell], out: Path, jobs: int, hooks: RunHooks = NO_HOOKS) -> list[CellPlan]:
