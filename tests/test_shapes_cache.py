@@ -12,14 +12,14 @@ import torch
 from safetensors.torch import load_file
 
 from vitkit.data import procedural
-from vitkit.data.procedural import CACHE_ENV, CHUNK, EVAL_STREAM, ProceduralShapes, render_shape_image, renderer_key
+from vitkit.data.procedural import CACHE_ENV, CHUNK, EVAL_STREAM, RENDERER_KEY, ProceduralShapes, render_shape_image
 from vitkit.errors import UserError
 from vitkit.sweep import run_sweep
 from vitkit.train import config_from_dict, train
 
 
 def _files(root, seed=1, stream=EVAL_STREAM, size=8):
-    return root / renderer_key() / f"seed{seed}-stream{stream}-{size}px"
+    return root / RENDERER_KEY / f"seed{seed}-stream{stream}-{size}px"
 
 
 def test_kept_images_are_the_drawn_ones_and_each_file_is_drawn_once(tmp_path, monkeypatch):
@@ -78,7 +78,7 @@ def test_a_sweep_shares_the_drawn_shapes_and_its_runs_equal_runs_drawing_anew(tm
     spec.write_text(f"config: {base}\ngrid: {{model.depth: [1]}}\nseeds: [0]\nmetrics: [eval_top1]\n")
     result = run_sweep(spec, tmp_path / "sweep", jobs=1, log=lambda _: None)
     assert CACHE_ENV not in os.environ  # set for the sweep's life only
-    kept = sorted(p.parent.name for p in (tmp_path / "cache" / "shapes" / renderer_key()).glob("*/000000.npy"))
+    kept = sorted(p.parent.name for p in (tmp_path / "cache" / "shapes" / RENDERER_KEY).glob("*/000000.npy"))
     assert kept == ["seed0-stream0-8px", "seed0-stream1-8px"]
     alone = train(config_from_dict({**base, "run": {**base["run"], "out_dir": str(tmp_path), "name": "alone"}}))
     swept = load_file(result.out / "depth-1_seed-0" / "model.safetensors")

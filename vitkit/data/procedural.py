@@ -148,22 +148,24 @@ def render_shape_image(seed: int, stream: int, index: int, size: int = 32) -> tu
     return (img * 255 + 0.5).astype(np.uint8), label
 
 
-@functools.cache
-def renderer_key() -> str:
+def _renderer_key() -> str:
     """What a drawn image depends on besides its seeds: this module's source and numpy (its generators' streams)."""
     digest = hashlib.sha256(Path(__file__).read_bytes())
     digest.update(np.__version__.encode())
     return digest.hexdigest()[:16]
 
 
+RENDERER_KEY = _renderer_key()  # read once, as the module is imported: the code that draws in this process
+
+
 class ChunkFiles:
-    """The images of one split and size, kept in ``root/<renderer_key>/seed<S>-stream<T>-<size>px/<k>.npy``: file k
+    """The images of one split and size, kept in ``root/<RENDERER_KEY>/seed<S>-stream<T>-<size>px/<k>.npy``: file k
     holds images k * CHUNK to (k + 1) * CHUNK as uint8 (CHUNK, size, size, 3). The first process to need a file draws
     it and writes it atomically (two at once write the same bytes); every reader maps it, checking its shape and
     its first image against one drawn anew."""
 
     def __init__(self, root: str | Path, seed: int, stream: int, size: int) -> None:
-        self.dir = Path(root) / renderer_key() / f"seed{seed}-stream{stream}-{size}px"
+        self.dir = Path(root) / RENDERER_KEY / f"seed{seed}-stream{stream}-{size}px"
         self.seed, self.stream, self.size = seed, stream, size
         self._chunks: dict[int, np.ndarray] = {}
 
@@ -179,7 +181,7 @@ class ChunkFiles:
 
     def _read(self, k: int) -> np.ndarray:
         path = self.dir / f"{k:06d}.npy"
-        first = render_shape_image(self.seed, self.stream, k * CHUNK, self.size)[0]
+        first = self._draw(k * CHUNK)
         if not path.exists():
             drawn = np.stack([first, *(self._draw(i) for i in range(k * CHUNK + 1, (k + 1) * CHUNK))])
             atomic_write(path, lambda tmp: _save(tmp, drawn), size=drawn.nbytes)
