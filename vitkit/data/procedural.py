@@ -255,12 +255,12 @@ class ProceduralShapes(Dataset):
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         if not 0 <= index < self.num_images:
             raise IndexError(f"index {index} out of range for {self.num_images} images")
-        x = self._normalised(self._pixels(int(index))[None])
+        x = self._normalised([self._pixels(int(index))])
         return self.augment_batch(x)[0], int(index) % len(CLASS_NAMES)
 
     def images_at(self, indices: torch.Tensor) -> torch.Tensor:
         """(B, C, S, S): the images at ``indices``, normalised and not augmented (a batch for augment_batch)."""
-        return self._normalised(np.stack([self._pixels(int(i)) for i in indices]))
+        return self._normalised([self._pixels(int(i)) for i in indices])
 
     def augment_batch(self, images: torch.Tensor) -> torch.Tensor:
         """(B, C, S, S) -> (B, C, S, S) with this set's flips and shifts, in one resampling; identity without."""
@@ -276,9 +276,9 @@ class ProceduralShapes(Dataset):
                 self._cache[index] = pixels
         return pixels
 
-    def _normalised(self, pixels: np.ndarray) -> torch.Tensor:
-        """uint8 (B, S, S, 3) -> float (B, C, S, S)."""
-        x = torch.from_numpy(np.array(pixels)).permute(0, 3, 1, 2).float().div_(255.0)  # a copy: files map read-only
+    def _normalised(self, pixels: list[np.ndarray]) -> torch.Tensor:
+        """B uint8 (S, S, 3) images -> float (B, C, S, S)."""
+        x = torch.from_numpy(np.stack(pixels)).permute(0, 3, 1, 2).float().div_(255.0)  # stacked: a writable copy
         if self.in_chans == 1:
             x = x.mean(1, keepdim=True)
         return (x - self.mean) / self.std
