@@ -182,3 +182,18 @@ def test_a_cached_image_is_the_image_drawn_and_a_large_set_is_not_cached(monkeyp
     monkeypatch.setattr(ProceduralShapes, "CACHE_BYTES", 50 * 16 * 16 * 3 - 1)
     big = ProceduralShapes(50, seed=2, img_size=16, mean=(0.0,) * 3, std=(1.0,) * 3)
     assert big._cache is None and torch.equal(big[3][0], expected)
+
+
+@pytest.mark.parametrize("in_chans", [3, 1])
+def test_a_batch_is_the_images_drawn_one_by_one_normalised_in_a_contiguous_tensor(in_chans):
+    data = ProceduralShapes(50, seed=2, img_size=16, in_chans=in_chans, mean=(0.5,) * in_chans, std=(0.25,) * in_chans)
+    indices = torch.tensor([7, 0, 49, 7, 23])
+    expected = []
+    for i in indices.tolist():
+        x = torch.from_numpy(render_shape_image(2, TRAIN_STREAM, i, 16)[0]).double().permute(2, 0, 1) / 255
+        expected.append((x.mean(0, keepdim=True) if in_chans == 1 else x) * 4 - 2)
+    batch = data.images_at(indices)
+    torch.testing.assert_close(batch, torch.stack(expected).float(), rtol=0, atol=1e-6)
+    # the layout every other source gives: a channels-last batch would run other kernels, with other rounding
+    assert batch.is_contiguous() and data[23][0].is_contiguous()
+    torch.testing.assert_close(data[23][0], batch[4], rtol=0, atol=0)

@@ -277,8 +277,9 @@ class ProceduralShapes(Dataset):
         return pixels
 
     def _normalised(self, pixels: list[np.ndarray]) -> torch.Tensor:
-        """B uint8 (S, S, 3) images -> float (B, C, S, S)."""
-        x = torch.from_numpy(np.stack(pixels)).permute(0, 3, 1, 2).float().div_(255.0)  # stacked: a writable copy
+        """B uint8 (S, S, 3) images -> float (B, C, S, S), contiguous like every other source's batches (a
+        channels-last batch would take other convolution kernels: the same values, other rounding)."""
+        x = torch.from_numpy(np.stack(pixels)).permute(0, 3, 1, 2).contiguous().float().div_(255.0)
         if self.in_chans == 1:
             x = x.mean(1, keepdim=True)
         return (x - self.mean) / self.std
