@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -31,7 +33,7 @@ def test_kept_images_are_the_drawn_ones_and_each_file_is_drawn_once(tmp_path, mo
     assert torch.equal(kept.images_at(across), plain.images_at(across))
     assert torch.equal(kept[CHUNK + 7][0], plain[CHUNK + 7][0]) and kept[CHUNK + 7][1] == plain[CHUNK + 7][1]
     folder = _files(tmp_path)
-    assert sorted(p.name for p in folder.iterdir()) == ["000000.npy", "000001.npy"]  # whole files, the next not
+    assert sorted(p.name for p in folder.glob("*.npy")) == ["000000.npy", "000001.npy"]  # whole files, the next not
     second = np.load(folder / "000001.npy", allow_pickle=False)
     assert second.shape == (CHUNK, 8, 8, 3) and second.dtype == np.uint8
     for i in (0, 49, CHUNK - 1):  # the file runs past the set's 1,074 images: another set of the split shares it
@@ -44,6 +46,28 @@ def test_kept_images_are_the_drawn_ones_and_each_file_is_drawn_once(tmp_path, mo
     assert drawn == [(1, EVAL_STREAM, 0, 8), (1, EVAL_STREAM, CHUNK, 8)]  # each file's first image, to check it
     clone = pickle.loads(pickle.dumps(again))  # what a DataLoader worker gets: the files, not their maps
     assert clone._files is not None and clone._files._chunks == {} and torch.equal(clone[3][0], plain[3][0])
+
+
+def test_a_file_being_drawn_is_waited_for_and_read_not_drawn_twice(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    drawing, drawn = threading.Event(), []
+
+    def slow(*args):  # the first drawer pauses inside its lock, long enough for the second to arrive
+        if args[2] == 1 and not drawing.is_set():
+            drawing.set()
+            time.sleep(0.5)
+        drawn.append(args[2])
+        return render_shape_image(*args)
+
+    monkeypatch.setattr(procedural, "render_shape_image", slow)
+    sets = [ProceduralShapes(10, seed=1, stream=EVAL_STREAM, img_size=8) for _ in range(2)]
+    first = threading.Thread(target=sets[0].images_at, args=(torch.arange(10),))
+    first.start()
+    assert drawing.wait(10)
+    second = sets[1].images_at(torch.arange(10))  # waits on the lock, then maps the file the first wrote
+    first.join()
+    assert sorted(drawn) == [0, 0, *range(1, CHUNK)]  # the file's images once, and each set's check image
+    assert torch.equal(second, sets[0].images_at(torch.arange(10))) and isinstance(sets[1]._files._chunks[0], np.memmap)
 
 
 @pytest.mark.parametrize("damage", ["other images", "truncated", "wrong size"])

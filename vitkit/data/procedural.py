@@ -161,8 +161,8 @@ RENDERER_KEY = _renderer_key()  # read once, as the module is imported: the code
 class ChunkFiles:
     """The images of one split and size, kept in ``root/<RENDERER_KEY>/seed<S>-stream<T>-<size>px/<k>.npy``: file k
     holds images k * CHUNK to (k + 1) * CHUNK as uint8 (CHUNK, size, size, 3). The first process to need a file draws
-    it and writes it atomically (two at once write the same bytes); every reader maps it, checking its shape and
-    its first image against one drawn anew."""
+    it and writes it atomically, holding a lock beside it (``.<k>.lock``) that others needing it wait on before they
+    read it; every reader maps it, checking its shape and its first image against one drawn anew."""
 
     def __init__(self, root: str | Path, seed: int, stream: int, size: int) -> None:
         self.dir = Path(root) / RENDERER_KEY / f"seed{seed}-stream{stream}-{size}px"
@@ -183,9 +183,14 @@ class ChunkFiles:
         path = self.dir / f"{k:06d}.npy"
         first = self._draw(k * CHUNK)
         if not path.exists():
-            drawn = np.stack([first, *(self._draw(i) for i in range(k * CHUNK + 1, (k + 1) * CHUNK))])
-            atomic_write(path, lambda tmp: _save(tmp, drawn), size=drawn.nbytes)
-            return drawn
+            from filelock import FileLock
+
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with FileLock(self.dir / f".{k:06d}.lock"):  # a process drawing this file: wait for it, then read it
+                if not path.exists():
+                    drawn = np.stack([first, *(self._draw(i) for i in range(k * CHUNK + 1, (k + 1) * CHUNK))])
+                    atomic_write(path, lambda tmp: _save(tmp, drawn), size=drawn.nbytes)
+                    return drawn
         expected = (CHUNK, self.size, self.size, 3)
         try:
             chunk = np.load(path, mmap_mode="r", allow_pickle=False)
