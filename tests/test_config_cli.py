@@ -234,6 +234,24 @@ def test_the_pace_is_said_once_after_the_first_steps():
     assert "(steps 52-54): about" in resumed[3] and "for the 46 steps left" in resumed[3]
 
 
+def test_the_pace_is_said_again_when_the_steps_get_much_faster(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(metrics.time, "perf_counter", lambda: clock[0])
+    pace, said = Pace(step=0, total_steps=1000, steps=5), {}
+    for step in range(1, 1000):
+        clock[0] += 1.0 if step <= 50 else 0.01  # the first 50 steps draw their images, the rest read them
+        if line := pace.tick(step):
+            said[step] = line
+    assert said == {
+        6: "measured 1 s a step (steps 2-6): about 17 min for the 994 steps left, evaluations aside",
+        105: "measured again 0.01 s a step (steps 56-105): about 9 s for the 895 steps left, evaluations aside",
+    }
+    steady, clock[0] = Pace(step=0, total_steps=1000, steps=5), 0.0
+    for step in range(1, 1000):
+        clock[0] += 1.0 if step <= 50 else 0.6  # faster, but not twofold: the first line stands
+        assert (steady.tick(step) is not None) == (step == 6)
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="busy cores are read from Linux's /proc/stat")
 def test_the_pace_says_when_other_work_keeps_the_cores_busy(monkeypatch):
     """Other processes spinning on every core this run may use while its first steps are measured: the pace line

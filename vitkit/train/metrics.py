@@ -210,13 +210,16 @@ def format_duration(seconds: float) -> str:
 
 class Pace:
     """The run's remaining duration, measured on its first steps (after the first, which pays for warm-up) and
-    said once: ``tick(step)`` after each step returns the line to print, or None. On a CPU run of ``threads`` > 1 it
-    adds a line when other processes kept its cores busy meanwhile: threads that wait for a core stall every op."""
+    said: ``tick(step)`` after each step returns the line to print, or None. It is measured again within the next
+    tenth of the run and said again where the pace changed twofold and the time left by a minute or more (first
+    steps that draw and keep their data, say). On a CPU run of ``threads`` > 1 the first line gets another when
+    other processes kept its cores busy meanwhile: threads that wait for a core stall every op."""
 
     def __init__(self, step: int, total_steps: int, steps: int = 5, threads: int | None = None) -> None:
         self.start, self.total, self.steps, self.threads = step + 1, total_steps, steps, threads
         self.t0: float | None = None
         self.cpu0: tuple[float, float | None] = (0.0, None)  # (this process's CPU time, all processes') at t0
+        self.said: tuple[int, float, float] | None = None  # the first line's step and seconds a step; a clock mark
         self.done = total_steps - step <= 1 + steps  # a run that short is over before a figure would help
 
     def tick(self, step: int) -> str | None:
@@ -225,17 +228,35 @@ class Pace:
         if step == self.start:
             self.t0, self.cpu0 = time.perf_counter(), (time.process_time(), busy_core_seconds())
             return None
+        if self.said is not None:
+            return self._again(step)
         if self.t0 is None or step < self.start + self.steps:
             return None
+        now = time.perf_counter()
+        per_step = (now - self.t0) / (step - self.start)
+        self.said = (step, per_step, now)
+        return self._line("measured", per_step, self.start + 1, step) + self._contention(now - self.t0)
+
+    def _again(self, step: int) -> str | None:
+        """Measured over the second half of the tenth after the first line: the change should be over by then."""
+        first, per_step, mark = self.said or (0, 0.0, 0.0)
+        window = max(self.steps, (self.total - first) // 10)
+        if step == first + window // 2:
+            self.said = (first, per_step, time.perf_counter())
+        if step < first + window:
+            return None
         self.done = True
-        wall = time.perf_counter() - self.t0
-        per_step = wall / (step - self.start)
+        again = (time.perf_counter() - mark) / (step - first - window // 2)
+        if max(again, per_step) < 2 * min(again, per_step) or abs(again - per_step) * (self.total - step) < 60:
+            return None
+        return self._line("measured again", again, first + window // 2 + 1, step)
+
+    def _line(self, said: str, per_step: float, first: int, step: int) -> str:
         left = self.total - step
-        line = (
-            f"measured {per_step:.3g} s a step (steps {self.start + 1}-{step}): about "
-            f"{format_duration(per_step * left)} for the {left:,} steps left, evaluations aside"
+        return (
+            f"{said} {per_step:.3g} s a step (steps {first}-{step}): about {format_duration(per_step * left)} for the "
+            f"{left:,} steps left, evaluations aside"
         )
-        return line + self._contention(wall)
 
     def _contention(self, wall: float) -> str:
         """A line when other processes used more of this run's cores than its threads leave free (see Pace)."""
