@@ -219,7 +219,8 @@ class Pace:
         self.start, self.total, self.steps, self.threads = step + 1, total_steps, steps, threads
         self.t0: float | None = None
         self.cpu0: tuple[float, float | None] = (0.0, None)  # (this process's CPU time, all processes') at t0
-        self.said: tuple[int, float, float] | None = None  # the first line's step and seconds a step; a clock mark
+        self.first: tuple[int, float] | None = None  # the first line's step and seconds a step
+        self.mark: tuple[int, float] | None = None  # (step, clock) where the second measurement starts
         self.done = total_steps - step <= 1 + steps  # a run that short is over before a figure would help
 
     def tick(self, step: int) -> str | None:
@@ -228,28 +229,30 @@ class Pace:
         if step == self.start:
             self.t0, self.cpu0 = time.perf_counter(), (time.process_time(), busy_core_seconds())
             return None
-        if self.said is not None:
-            return self._again(step)
+        if self.first is not None:
+            return self._again(step, *self.first)
         if self.t0 is None or step < self.start + self.steps:
             return None
         now = time.perf_counter()
         per_step = (now - self.t0) / (step - self.start)
-        self.said = (step, per_step, now)
+        self.first = (step, per_step)
         return self._line("measured", per_step, self.start + 1, step) + self._contention(now - self.t0)
 
-    def _again(self, step: int) -> str | None:
+    def _again(self, step: int, first: int, per_step: float) -> str | None:
         """Measured over the second half of the tenth after the first line: the change should be over by then."""
-        first, per_step, mark = self.said or (0, 0.0, 0.0)
         window = max(self.steps, (self.total - first) // 10)
-        if step == first + window // 2:
-            self.said = (first, per_step, time.perf_counter())
+        if self.mark is None:
+            if step >= first + window // 2:
+                self.mark = (step, time.perf_counter())
+            return None
         if step < first + window:
             return None
         self.done = True
-        again = (time.perf_counter() - mark) / (step - first - window // 2)
+        mark, clock = self.mark
+        again = (time.perf_counter() - clock) / (step - mark)
         if max(again, per_step) < 2 * min(again, per_step) or abs(again - per_step) * (self.total - step) < 60:
             return None
-        return self._line("measured again", again, first + window // 2 + 1, step)
+        return self._line("measured again", again, mark + 1, step)
 
     def _line(self, said: str, per_step: float, first: int, step: int) -> str:
         left = self.total - step
