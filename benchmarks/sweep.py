@@ -5,8 +5,10 @@ each claimed metric per seed, with the machine (and GPU) that ran it.
     python benchmarks/sweep.py hybrids --scale gpu --results benchmarks/results/DATE-h200-sweep-hybrids.md
     python benchmarks/sweep.py hybrids --scale gpu --device cpu --quick     # the same code path, in seconds
 
-The second is the GPU scale's prepared command: the spec's own jobs share the GPU, and the file names the GPU.
-Finished cells are skipped, so a rerun after an interruption records only the time of its own part.
+The second is the GPU scale's prepared command: the spec's own jobs share the GPU, and the file names the GPU. It
+stops its cells at 9 minutes (``--time-limit``, the sweep's own: exit status 3), so that its record, of the cells
+finished by then, comes back within a 10-minute session. Finished cells are skipped, so a rerun after an
+interruption or a time limit records only the time of its own part.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from harness.results import command_line, write_results
 
 from vitkit.cli import main
 from vitkit.sweep import load_spec
+
+GPU_TIME_LIMIT = 9.0  # minutes: the GPU scale's sweep stops its cells then (a device session's call is 10 minutes)
 
 
 def per_seed(out: Path, metrics: list[str]) -> list[str]:
@@ -47,20 +51,23 @@ def main_cli(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="the spec's quick variant: this script's code path in seconds")
     p.add_argument("--out", help="the sweep's folder (default runs/sweeps/SPEC[_gpu])")
     p.add_argument("--results", help="write the record to this Markdown file (benchmarks/results/...)")
+    p.add_argument("--time-limit", type=float, metavar="MINUTES", help="the sweep's (default: 9 at --scale gpu)")
     args = p.parse_args(argv)
+    limit = GPU_TIME_LIMIT if args.time_limit is None and args.scale == "gpu" else args.time_limit
     spec = load_spec(args.spec, quick=args.quick, scale=args.scale)
     out = Path(
         args.out or Path("runs") / "sweeps" / (spec.name + "_gpu" * (args.scale == "gpu") + "_quick" * args.quick)
     )
     command = ["sweep", args.spec, "--scale", args.scale, "--out", str(out), *["--quick"] * args.quick]
-    for flag, value in (("--jobs", args.jobs), ("--device", args.device)):
-        command += [flag, str(value)] if value else []
+    for flag, value in (("--jobs", args.jobs), ("--device", args.device), ("--time-limit", limit)):
+        command += [flag, f"{value:g}" if isinstance(value, float) else str(value)] if value else []
     start = time.perf_counter()
     status = main(command)  # the runs' own output goes by; the record is what follows
     wall = time.perf_counter() - start
     text = "\n".join(
         [
-            f"vitkit {' '.join(command)}: exit status {status}, wall time {wall:.0f} s ({wall / 60:.1f} min)",
+            f"vitkit {' '.join(command)}: exit status {status}, wall time {wall:.0f} s ({wall / 60:.1f} min)"
+            + (" (stopped at its time limit: the table holds the cells finished by then)" if status == 3 else ""),
             "",
             (out / "sweep.md").read_text().rstrip(),
             *per_seed(out, list(dict.fromkeys(c.metric for c in spec.claims))),

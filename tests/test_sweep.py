@@ -133,7 +133,8 @@ def _files_of(run_dir: Path) -> dict[str, int]:
 def test_a_killed_sweep_resumes_without_redoing_finished_cells_and_aggregates_its_runs(tmp_path):
     spec_path = _write_spec(tmp_path / "grid.yaml", grid={"model.depth": [1, 2], "optim.lr": [0.001]})
     out = tmp_path / "out"
-    cells = load_spec(spec_path).expand()
+    # in the order they run: seed by seed, the deeper model (the larger training) first within a seed
+    cells = sorted(load_spec(spec_path).expand(), key=lambda c: (c.seed, -dict(c.values)["model.depth"]))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "vitkit.cli", "sweep", str(spec_path), "--out", str(out)],

@@ -289,6 +289,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             page=page,
             force=args.force,
             scale=args.scale,
+            time_limit=None if args.time_limit is None else 60 * args.time_limit,
         )
     except TrainingInterrupted as e:
         print(f"vitkit sweep: interrupted: {e}; the same sweep command resumes it", file=sys.stderr)
@@ -297,7 +298,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"wrote {path}")
     for name, error in result.failed.items():
         print(f"vitkit sweep: error: {name}: {error}", file=sys.stderr)
-    return 2 if result.failed else 0
+    if result.timed_out:
+        done = f"{result.finished} of {result.cells} cells finished, tabulated; the same sweep command goes on"
+        print(f"vitkit sweep: stopped at the time limit ({args.time_limit:g} min): {done}", file=sys.stderr)
+    return 2 if result.failed else 3 if result.timed_out else 0
 
 
 @command("report", "one self-contained HTML page of a run (result, config, curves, evaluation) or of a sweep")

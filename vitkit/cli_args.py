@@ -254,6 +254,12 @@ def add_sweep(p: argparse.ArgumentParser) -> None:
     p.add_argument("--aggregate-only", action="store_true", help="only read the runs there: table and figures")
     p.add_argument("--quick", action="store_true", help="the spec's quick variant (seconds; what the tests run)")
     p.add_argument("--force", action="store_true", help="train again cells whose directories hold another run")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        metavar="MINUTES",
+        help="then stop the running cells (state saved), start no other and tabulate the finished ones; exit status 3",
+    )
 
 
 @arguments("report")

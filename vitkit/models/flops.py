@@ -111,3 +111,9 @@ def model_flops(model: nn.Module, img_size: int, first_token: bool = False, toke
     with torch.device("meta"):
         twin = model_from_config(config.to_dict())
     return layer_flops(twin, (1, getattr(config, "in_chans", 3), img_size, img_size))
+
+
+def training_flops(model: nn.Module, img_size: int, images: int) -> float:
+    """Training compute: 3 x the forward FLOPs an image (the forward and a backward of twice its cost) x the images
+    trained on (batch x steps)."""
+    return 3.0 * model_flops(model, img_size) * images

@@ -21,8 +21,9 @@ from ..io import DirectoryLock
 from ..train.engine import NO_HOOKS, RunHooks
 from .aggregate import Row, aggregate, claim_lines, claim_results, write_table
 from .figures import write_figures
+from .pool import SweepRun, run_cells
 from .probes import write_attention_figures
-from .run import SweepRun, keep_drawn_shapes, plan_cells, run_cells
+from .run import keep_drawn_shapes, plan_cells
 from .spec import Cell, SweepSpec, load_spec, shipped_sweeps
 
 
@@ -33,6 +34,9 @@ class SweepResult:
     files: list[Path]
     actions: dict[str, list[str]] = field(default_factory=dict)  # cell name -> per stage: skipped / resumed / ran
     failed: dict[str, str] = field(default_factory=dict)
+    timed_out: bool = False  # its time limit stopped cells short of their end: the table holds those finished
+    finished: int = 0  # of the cells it ran (none with --aggregate-only)
+    cells: int = 0
 
 
 def run_sweep(
@@ -47,13 +51,15 @@ def run_sweep(
     page: Callable[[Path], Path] | None = None,
     force: bool = False,
     scale: str = "cpu",
+    time_limit: float | None = None,
 ) -> SweepResult:
     """Run (or only aggregate) a sweep at ``scale`` (spec.py) into ``out`` (default runs/sweeps/<spec name>[_gpu]
     [_quick]), ``jobs`` cells at once (default: the scale's), locked for the life of this process. ``overrides``
     (``section.key=value``) go to every run after the spec's own: how this machine runs them (``run.device=cuda``),
     not what is compared; the GPU scale without a GPU needs one naming run.device. ``run_hooks`` go to every run;
     ``page(out)``, when given, writes the sweep's page last (the command line's writes report.html; sweep/ imports
-    no report). ``force`` trains again the cells whose directories hold another spec's run (run_cells)."""
+    no report). ``force`` trains again the cells whose directories hold another spec's run; ``time_limit``
+    (seconds) stops the cells then, their state saved, and tabulates those finished (pool.run_cells)."""
     if not isinstance(spec, SweepSpec):
         spec = load_spec(spec, quick=quick, scale=scale)
     spec = _with_overrides(spec, list(overrides), aggregate_only)
@@ -63,6 +69,9 @@ def run_sweep(
     cells = spec.expand()
     if aggregate_only and not out.is_dir():
         raise UserError(f"{out}: no sweep here to aggregate (run it first, or give its --out)")
+    if time_limit is not None and (aggregate_only or not time_limit > 0):
+        why = "--aggregate-only trains nothing to stop" if aggregate_only else "expected a positive number of minutes"
+        raise UserError(f"--time-limit: {why}, got {time_limit / 60:g}")
     plans = [] if aggregate_only else plan_cells(spec, cells, out, jobs, run_hooks)  # every config checked first
     if out.is_symlink():
         raise UserError(f"{out}: a symbolic link; a sweep writes into a directory of its own")
@@ -74,23 +83,30 @@ def run_sweep(
             settings = len(cells) // len(spec.seeds)
             log(f"{spec.name}: {len(cells)} runs ({settings} settings x {len(spec.seeds)} seeds) in {out}")
             with keep_drawn_shapes():
-                done = run_cells(plans, jobs, log, force)
+                done = run_cells(plans, jobs, log, force, time_limit)
         rows, records = aggregate(spec, cells, out, done.failed)
         claims = claim_results(spec, records)
         files = write_table(spec, rows, records, claims, out) + write_figures(spec, rows, out)
         for line in claim_lines(claims):
             log(line)
         if spec.probes.attention_images:
-            groups: dict[str, tuple[str, dict[str, Any], list[Path]]] = {}
-            for cell in cells:
-                label = cell.name.rsplit("_seed-", 1)[0]
-                groups.setdefault(label, (label, dict(cell.values), []))[2].append(out / cell.name)
-            files += write_attention_figures(spec.name, list(groups.values()), out)
+            files += _attention_figures(spec.name, cells, out)
         if page is not None:
             files.append(page(out))
     finally:
         lock.release()
-    return SweepResult(out, rows, files, done.actions, done.failed)
+    finished = sum(plan.name not in done.failed and plan.finished() for plan in plans)
+    timed_out = done.timed_out and finished < len(plans)
+    return SweepResult(out, rows, files, done.actions, done.failed, timed_out, finished, len(plans))
+
+
+def _attention_figures(name: str, cells: list[Cell], out: Path) -> list[Path]:
+    """The attention probe's figures of the sweep, a group of seeds a setting."""
+    groups: dict[str, tuple[str, dict[str, Any], list[Path]]] = {}
+    for cell in cells:
+        label = cell.name.rsplit("_seed-", 1)[0]
+        groups.setdefault(label, (label, dict(cell.values), []))[2].append(out / cell.name)
+    return write_attention_figures(name, list(groups.values()), out)
 
 
 def _with_overrides(spec: SweepSpec, overrides: list[str], aggregate_only: bool) -> SweepSpec:

@@ -25,7 +25,7 @@ from ..checkpoint.base import CONFIG_NAME, read_config_json
 from ..errors import UserError
 from ..io import atomic_write_text
 from ..models import model_from_config
-from ..models.flops import model_flops
+from ..models.flops import training_flops
 from ..train.metrics import METRICS_NAME, MetricsLog
 from ..train.overrides import value_text
 from ..train.recipe import load_config
@@ -45,12 +45,11 @@ def meta_model(run_dir: Path) -> tuple[nn.Module, dict[str, Any]]:
     return model, doc.get("metadata") or {}
 
 
-def training_flops(run_dir: Path) -> float:
-    """A finished run's training compute: 3 x its model's forward FLOPs an image (forward and backward) x the
-    images it was trained on (batch x steps), from its config.json and config.yaml."""
+def run_compute(run_dir: Path) -> float:
+    """A finished run's training FLOPs (models.flops.training_flops), from its config.json and config.yaml."""
     model, meta = meta_model(run_dir)
     batch = load_config(run_dir / "config.yaml").optim.batch_size
-    return 3.0 * model_flops(model, int(meta["img_size"])) * batch * int(meta["step"])
+    return training_flops(model, int(meta["img_size"]), batch * int(meta["step"]))
 
 
 def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float | None] | None:
@@ -63,7 +62,7 @@ def cell_metrics(out: Path, cell: Cell, metrics: list[str]) -> dict[str, float |
         if metric == COMPUTE:
             if run_status(out / cell.name) != "finished":
                 return None
-            values[metric] = training_flops(out / cell.name)
+            values[metric] = run_compute(out / cell.name)
             continue
         if is_probe_metric(metric):
             if run_status(out / cell.name) != "finished":

@@ -5,9 +5,9 @@ spec) or none is refused before any work, naming the difference, unless ``force`
 picks up where a killed sweep stopped: a finished run is never touched, one with a state short of the end is resumed,
 one killed before its first save is removed (under its lock; never a file no run writes) and started again. A cell's
 finetune stage starts from its first run's weights in OUT/<cell name>--finetune (with ``pretrain: false`` from
-scratch), after its probes. ``--jobs N`` runs N cells at once in spawned processes, each on at most cores // N
-threads, which stop (their state saved) when the sweep's process dies. The cells keep the procedural images they
-draw in files under the download cache (``keep_drawn_shapes``): a sweep on one set of shapes draws each image once.
+scratch), after its probes; with ``--jobs N`` each run takes at most cores // N threads (pool.py runs the cells).
+The cells keep the procedural images they draw in files under the download cache (``keep_drawn_shapes``): a sweep
+on one set of shapes draws each image once.
 """
 
 from __future__ import annotations
@@ -16,14 +16,8 @@ import contextlib
 import dataclasses
 import os
 import shutil
-import signal
-import threading
-import time
-from collections.abc import Callable, Iterator
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing import get_context
-from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
 
@@ -125,6 +119,7 @@ class CellPlan:
     name: str
     probes: Probes = Probes()
     hooks: RunHooks = NO_HOOKS  # passed to each of its runs (the command line's: their report pages)
+    seed: int = 0
 
     def run_dirs(self) -> list[Path]:
         first, second = self.out / self.name, self.out / finetune_name(self.name)
@@ -172,7 +167,7 @@ def plan_cell(spec: SweepSpec, cell: Cell, out: Path, threads: int, hooks: RunHo
             ft_overrides[:0] = model
         finetune = (ft_base, ft_overrides)
     first_plan = _with_threads(first, threads) if cell.pretrains else None
-    return CellPlan(first_plan, finetune, threads, out, cell.name, spec.probes, hooks)
+    return CellPlan(first_plan, finetune, threads, out, cell.name, spec.probes, hooks, cell.seed)
 
 
 def build_config(base: str | dict[str, Any], overrides: list[str]) -> TrainConfig:
@@ -238,47 +233,6 @@ def _run_stage(cfg: TrainConfig, hooks: RunHooks) -> str:
     return "resumed" if resume else "ran"
 
 
-def _watch_parent(parent: int, stop: Event) -> None:
-    """A --jobs worker's initializer. The worker ignores SIGINT of its own: a Ctrl-C reaches the sweep's process,
-    which sets ``stop``, and the worker's training loop installs its own handler. When ``stop`` is set or the sweep's
-    process dies (the OOM killer, kill -9), the worker sends itself SIGINT: a running cell saves its state at its
-    next step and stops (a second one, once the loop has restored the handlers, is ignored); then it exits
-    (_run_in_worker)."""
-    global _stop
-    _stop = stop
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def watch() -> None:
-        while os.getppid() == parent and not stop.wait(0.5):
-            pass
-        while True:  # until a training loop hears it, or the worker ends
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.5)
-
-    threading.Thread(target=watch, name="vitkit-sweep-parent", daemon=True).start()
-
-
-_stop: Event | None = None  # in a --jobs worker: set when the sweep stops (_watch_parent)
-
-
-def _run_in_worker(parent: int, plan: CellPlan) -> list[str]:
-    if _stop is not None and _stop.is_set():  # queued before the sweep stopped: not started
-        return []
-    try:
-        return run_cell(plan)
-    finally:
-        if os.getppid() != parent:  # nobody to report to
-            os._exit(1)
-
-
-@dataclass
-class SweepRun:
-    """What a sweep did: each cell's stage actions, and the cells that failed with their error."""
-
-    actions: dict[str, list[str]]
-    failed: dict[str, str]
-
-
 @contextlib.contextmanager
 def keep_drawn_shapes() -> Iterator[None]:
     """$VITKIT_SHAPES_CACHE, unless already set (to a directory, or empty for none), is <download cache>/shapes
@@ -298,73 +252,3 @@ def plan_cells(spec: SweepSpec, cells: list[Cell], out: Path, jobs: int, hooks: 
     if jobs < 1:
         raise UserError(f"--jobs: expected a positive number of parallel runs, got {jobs}")
     return [plan_cell(spec, cell, out, default_threads(jobs), hooks) for cell in cells]
-
-
-def run_cells(
-    plans: list[CellPlan], jobs: int = 1, log: Callable[[str], object] = print, force: bool = False
-) -> SweepRun:
-    """Run (or skip, or resume) every cell, once all are claimed (claim_cells); a cell that fails (CELL_FAILURES)
-    is reported and the others go on. SIGINT / SIGTERM stop the running cell at a step boundary with its state
-    saved (TrainingInterrupted)."""
-    claim_cells(plans, force)
-    actions: dict[str, list[str]] = {}
-    failed: dict[str, str] = {}
-    pending = []
-    for plan in plans:
-        try:
-            finished = plan.finished()
-        except UserError as e:  # a state or model file that cannot be read: this cell fails, the others go on
-            failed[plan.name] = str(e)
-            log(f"{plan.name}: failed: {e}")
-            continue
-        if finished:
-            actions[plan.name] = ["skipped"] * len(plan.run_dirs())
-            log(f"{plan.name}: finished already, skipped")
-        else:
-            pending.append(plan)
-    if jobs == 1:
-        for plan in pending:
-            log(f"{plan.name}: running")
-            try:
-                actions[plan.name] = run_cell(plan)
-            except CELL_FAILURES as e:
-                failed[plan.name] = str(e)
-                log(f"{plan.name}: failed: {e}")
-        return SweepRun(actions, failed)
-    context, me = get_context("spawn"), os.getpid()
-    stop = context.Event()
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_watch_parent, initargs=(me, stop)) as pool:
-        futures: dict[Future[list[str]], CellPlan] = {}
-        for plan in pending:
-            log(f"{plan.name}: queued")
-            futures[pool.submit(_run_in_worker, me, plan)] = plan
-        try:
-            _collect(futures, actions, failed, log)
-        except BaseException:  # Ctrl-C, a signal, a bug: the running cells save their state and stop, no new one starts
-            stop.set()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    return SweepRun(actions, failed)
-
-
-def _collect(
-    futures: dict[Future[list[str]], CellPlan],
-    actions: dict[str, list[str]],
-    failed: dict[str, str],
-    log: Callable[[str], object],
-) -> None:
-    """Each cell's actions, or its failure, as the workers finish them. The wait wakes every second: a Ctrl-C that
-    one of the pool's threads receives runs its handler (KeyboardInterrupt) only once the main thread runs again."""
-    pending = set(futures)
-    while pending:
-        done, pending = wait(pending, timeout=1.0, return_when=FIRST_COMPLETED)
-        for future in (f for f in futures if f in done):  # in the order the cells were queued
-            name, error = futures[future].name, future.exception()
-            if isinstance(error, CELL_FAILURES):
-                failed[name] = str(error)
-                log(f"{name}: failed: {error}")
-            elif error is not None:
-                raise error
-            else:
-                actions[name] = future.result()
-                log(f"{name}: {', '.join(actions[name])}")

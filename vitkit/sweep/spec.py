@@ -43,7 +43,7 @@ PRETRAIN = "pretrain"  # a cell key, not a config key: ``pretrain: false`` train
 UNTRAINED = "untrained"
 UNTRAINED_OVERRIDES = ("schedule.steps=1", "schedule.epochs=none", "schedule.warmup_steps=0", "optim.lr=0")
 FINETUNE = "finetune"  # the prefix of the finetune stage's metrics, and the suffix of its run directories
-COMPUTE = "compute"  # a metric and a figure x: the first run's training FLOPs (aggregate.training_flops)
+COMPUTE = "compute"  # a metric and a figure x: the first run's training FLOPs (aggregate.run_compute)
 
 
 def finetune_name(first: str) -> str:

@@ -23,17 +23,31 @@ CPU_FLOPS_PER_THREAD = 40e9
 
 def describe_plan(cfg: TrainConfig) -> str:
     """The plan of a run (module docstring), its data and model built for it (the model on the meta device)."""
+    model, info, train_set, eval_set = _planned(cfg)
+    return plan_text(cfg, model, info, len(train_set), len(eval_set), run_length(cfg, len(train_set)))
+
+
+def planned_flops(cfg: TrainConfig) -> float:
+    """The run's training FLOPs (models.flops.training_flops) before it starts, for the images its steps will take."""
+    from ..models.flops import training_flops
+
+    model, info, train_set, _ = _planned(cfg)
+    return training_flops(model, info.img_size, cfg.optim.batch_size * run_length(cfg, len(train_set)))
+
+
+def _planned(cfg: TrainConfig) -> tuple[nn.Module, DatasetInfo, Sized, Sized]:
+    """The run's model on the meta device (shapes only: no memory, no init time), its data's info and both sets."""
     train_set, eval_set, info = build_datasets(cfg.data)
     assert isinstance(train_set, Sized) and isinstance(eval_set, Sized)
     source = read_checkpoint(cfg.run.init_from) if cfg.run.init_from else None
-    with torch.device("meta"):  # shapes only: no memory, no init time
+    with torch.device("meta"):
         model = build_model(cfg, info, source)
-    return plan_text(cfg, model, info, len(train_set), len(eval_set), run_length(cfg, len(train_set)))
+    return model, info, train_set, eval_set
 
 
 def plan_text(cfg: TrainConfig, model: nn.Module, info: DatasetInfo, num_train: int, num_eval: int, steps: int) -> str:
     """describe_plan's text for a run whose model and data are built already (the Trainer's, at its start)."""
-    from ..models.flops import model_flops
+    from ..models.flops import training_flops
 
     o, s, d = cfg.optim, cfg.schedule, cfg.data
     what = f"fine-tuning {cfg.run.init_from}" if cfg.run.init_from else f"training {cfg.model.name} from scratch"
@@ -55,12 +69,12 @@ def plan_text(cfg: TrainConfig, model: nn.Module, info: DatasetInfo, num_train: 
     on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
     if on_cpu:
         threads = cfg.run.threads or torch.get_num_threads()
-        flops = 3 * model_flops(model, info.img_size)  # a training step: forward and backward
-        seconds = flops * o.batch_size * steps / (threads * CPU_FLOPS_PER_THREAD)
+        step = training_flops(model, info.img_size, o.batch_size)
+        seconds = step * steps / (threads * CPU_FLOPS_PER_THREAD)
         long = " -- a long job for a CPU; a GPU (run.device=cuda) is the place for it" if seconds > 3600 else ""
         lines.append(
             f"  on this CPU ({threads} thread{'s' if threads > 1 else ''}): about {format_duration(seconds)} by its "
-            f"FLOPs ({flops * o.batch_size / 1e9:.3g} GFLOP a step at ~{CPU_FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s a "
+            f"FLOPs ({step / 1e9:.3g} GFLOP a step at ~{CPU_FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s a "
             f"thread){long}"
         )
     return "\n".join(lines)
