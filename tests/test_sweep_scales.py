@@ -135,7 +135,8 @@ def test_an_untrained_cell_is_its_model_as_initialised_and_its_baselines_are_mea
 
 def test_the_prepared_gpu_command_records_its_table_claims_and_seeds(tmp_path):
     """benchmarks/sweep.py, the GPU scale's one command, run on a CPU through the same code path (--device cpu
-    --quick): the record has the command, the machine, the wall time, the table with its claims and the seeds."""
+    --quick): the record has the command (its time limit), the machine, the wall time, the table with its claims and
+    the seeds."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "sweep.py"
     record = tmp_path / "record.md"
     command = [sys.executable, str(script), "hybrids", "--scale", "gpu", "--device", "cpu", "--quick", "--jobs", "1"]
@@ -145,6 +146,7 @@ def test_the_prepared_gpu_command_records_its_table_claims_and_seeds(tmp_path):
     text = record.read_text()
     assert "- command: `python benchmarks/sweep.py hybrids --scale gpu --device cpu --quick" in text
     assert "- machine: " in text and "wall time" in text and "exit status 0" in text
+    assert "--device cpu --time-limit 8.5: exit status 0" in text  # stopped in time to end within a 10-minute call
     assert "## Claims" in text and "eval_top1 per seed (x 100):" in text
     table = json.loads((tmp_path / "o" / "sweep.json").read_text())
     for run in table["runs"]:

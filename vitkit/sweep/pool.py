@@ -40,14 +40,21 @@ def run_order(plans: list[CellPlan]) -> list[CellPlan]:
     """The plans seed by seed, in the order the spec lists its seeds, and the largest planned training FLOPs first
     within a seed (the first run's; a cell without pretraining, its fine-tune's)."""
     rank = {seed: i for i, seed in enumerate(dict.fromkeys(p.seed for p in plans))}
-    flops = {p.name: _planned(p) for p in plans}
+    memo: dict[str, float] = {}
+    flops = {p.name: _planned(p, memo) for p in plans}
     return sorted(plans, key=lambda p: (rank[p.seed], -flops[p.name]))
 
 
-def _planned(plan: CellPlan) -> float:
-    if plan.first is not None:
-        return planned_flops(plan.first)
-    return planned_flops(plan.finetune_config()) if plan.finetune is not None else 0.0
+def _planned(plan: CellPlan, memo: dict[str, float]) -> float:
+    """The plan's training FLOPs, worked out once for the cells that share what decides them (their data and a
+    source checkpoint are read for it): settings that differ in seed or learning rate alone."""
+    cfg = plan.first if plan.first is not None else plan.finetune_config() if plan.finetune is not None else None
+    if cfg is None:
+        return 0.0
+    key = repr((cfg.model, cfg.data, cfg.optim.batch_size, cfg.schedule, cfg.run.init_from, cfg.run.objective))
+    if key not in memo:
+        memo[key] = planned_flops(cfg)
+    return memo[key]
 
 
 def run_cells(
