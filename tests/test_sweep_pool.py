@@ -99,3 +99,20 @@ def test_a_time_limit_stops_the_running_cells_saved_starts_no_other_and_tabulate
     assert capsys.readouterr().err.strip() == (
         "vitkit sweep: error: --time-limit: --aggregate-only trains nothing to stop, got 1"
     )
+
+
+def test_a_cell_whose_data_cannot_be_read_runs_last_and_fails_alone(tmp_path, capsys):
+    """Ordering reads each cell's data: a missing folder is no error of the whole sweep before any work, but that
+    cell's own, in one line, once the others have run."""
+    missing = tmp_path / "missing"
+    spec_path = _spec(tmp_path / "s.yaml", grid={"data.source": ["folder", "digits"]}, seeds=[0])
+    doc = yaml.safe_load(spec_path.read_text())
+    doc["overrides"] = [f"data.root={missing}", "schedule.steps=4"]
+    spec_path.write_text(yaml.safe_dump(doc))
+    spec = load_spec(spec_path)
+    plans = [plan_cell(spec, cell, tmp_path / "out", threads=1) for cell in spec.expand()]
+    assert [p.first.data.source for p in pool.run_order(plans)] == ["digits", "folder"]
+    assert main(["sweep", str(spec_path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"vitkit sweep: error: {plans[0].name}: {missing}: data directory does not exist"]
+    assert run_status(tmp_path / "out" / plans[1].name) == "finished"

@@ -47,14 +47,18 @@ def run_order(plans: list[CellPlan]) -> list[CellPlan]:
 
 def _planned(plan: CellPlan, memo: dict[str, float]) -> float:
     """The plan's training FLOPs, worked out once for the cells that share what decides them (their data and a
-    source checkpoint are read for it): settings that differ in seed or learning rate alone."""
-    cfg = plan.first if plan.first is not None else plan.finetune_config() if plan.finetune is not None else None
-    if cfg is None:
+    source checkpoint are read for it): settings that differ in seed or learning rate alone. A cell whose data or
+    source cannot be read counts 0 and runs last, to fail alone (CELL_FAILURES) when it runs."""
+    try:
+        cfg = plan.first if plan.first is not None else plan.finetune_config() if plan.finetune is not None else None
+        if cfg is None:
+            return 0.0
+        key = repr((cfg.model, cfg.data, cfg.optim.batch_size, cfg.schedule, cfg.run.init_from, cfg.run.objective))
+        if key not in memo:
+            memo[key] = planned_flops(cfg)
+        return memo[key]
+    except UserError:
         return 0.0
-    key = repr((cfg.model, cfg.data, cfg.optim.batch_size, cfg.schedule, cfg.run.init_from, cfg.run.objective))
-    if key not in memo:
-        memo[key] = planned_flops(cfg)
-    return memo[key]
 
 
 def run_cells(
