@@ -109,10 +109,21 @@ def test_the_curves_figure_averages_each_rows_seeds_at_the_steps_all_evaluated(t
         (tmp_path / cell.name / "metrics.jsonl").write_text("\n".join([*lines, '{"kind": "train"']) + "\n")
     rows = [Row({"optim.lr": lr}, 2, {}, {}, [0, 1]) for lr in (0.1, 0.2)]
     fig = curves_figure(spec, rows, tmp_path)
-    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in fig.axes[0].lines}
-    assert drawn.keys() == {"lr=0.1", "lr=0.2"}
+    lines = fig.axes[0].lines
+    drawn = {line.get_label(): (list(line.get_xdata()), list(line.get_ydata())) for line in lines}
+    assert drawn.keys() == {"lr=0.1", "lr=0.2", "_seed"}  # the seeds' lines stay out of the legend
     assert drawn["lr=0.1"][0] == [1, 2] and drawn["lr=0.1"][1] == pytest.approx([0.3, 0.5])
     assert drawn["lr=0.2"][0] == [2, 4] and drawn["lr=0.2"][1] == pytest.approx([0.2, 0.4])
+    # each seed's whole curve, thin, in its row's colour
+    means = {line.get_label(): line.get_color() for line in lines if line.get_label() != "_seed"}
+    seeds = sorted(
+        (line.get_color(), list(line.get_xdata()), list(line.get_ydata()))
+        for line in lines
+        if line.get_label() == "_seed"
+    )
+    want = [(means[f"lr={lr}"], sorted(c), [c[s] for s in sorted(c)]) for lr in (0.1, 0.2) for c in curves[lr]]
+    assert seeds == sorted(want)
+    assert all(line.get_linewidth() < lines[0].get_linewidth() for line in lines if line.get_label() == "_seed")
     for cell in spec.expand():  # one evaluation each: no curve to draw
         (tmp_path / cell.name / "metrics.jsonl").write_text(json.dumps({"kind": "eval", "step": 9, "eval_top1": 1}))
     assert curves_figure(spec, rows, tmp_path) is None

@@ -139,7 +139,10 @@ def table_section(t: Table, sweep: Path, base: Path, reports: dict[Path, str | N
 
 
 EXTRA_FIGURES = (
-    (CURVES_NAME, "held-out top-1 against the training step, one line per setting, mean over its seeds"),
+    (
+        CURVES_NAME,
+        "held-out top-1 against the training step, one line per setting, mean over its seeds; each seed thin",
+    ),
     (ATTENTION_FIGURE, "mean attention distance of every head against depth, one line per setting"),
 )
 

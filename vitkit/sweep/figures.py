@@ -81,7 +81,8 @@ def curves_figure(
 ) -> Figure | None:
     """The held-out metric against the training step, a line per row: the mean over its seeds at the steps every
     seed evaluated (the runs' metrics.jsonl), labelled by the values that differ between rows (with ``describe``,
-    a row's model keys by what its model is: ModelSummary); None where no run was evaluated more than once."""
+    a row's model keys by what its model is: ModelSummary), and each seed's own curve thin in the row's colour
+    (not in the legend); None where no run was evaluated more than once."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(7, 4.2))
@@ -96,13 +97,15 @@ def curves_figure(
         if describe and models and runs:
             label = ", ".join([str(describe(runs[0])), *([label] if label else [])])
         if len(steps) > 1:
-            ax.plot(steps, [sum(c[s] for c in curves) / len(curves) for s in steps], marker=".", label=label)
+            (mean,) = ax.plot(steps, [sum(c[s] for c in curves) / len(curves) for s in steps], marker=".", label=label)
+            for c in curves if len(curves) > 1 else []:  # each seed, thin: a jump in one seed is not averaged away
+                ax.plot(sorted(c), [c[s] for s in sorted(c)], color=mean.get_color(), alpha=0.35, lw=0.8, label="_seed")
             drawn += 1
     if not drawn:
         return None
     ax.set_ylim(0, 1)
     ax.set_xlabel("training step")
-    ax.set_ylabel(f"{metric} (mean over seeds)")
+    ax.set_ylabel(f"{metric} (mean over seeds; thin: each seed)")
     ax.set_title(f"{spec.name}: held-out accuracy during training", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
