@@ -245,11 +245,12 @@ def _signal_a_helper_thread(pid: int, signum: int) -> None:
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process tree in /proc")
-@pytest.mark.parametrize("receiver", ["process", "helper thread"])
+@pytest.mark.parametrize("receiver", ["process", "helper thread", "process started ignoring SIGINT"])
 def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_path, receiver):
     """SIGINT to the sweep's process alone (not its process group, as `kill -INT` sends it): the running cells save
     their state at a step boundary, the queued one never starts, and the command ends as interrupted. Also when one
-    of the process's helper threads receives it, while the main thread waits for the cells."""
+    of the process's helper threads receives it, while the main thread waits for the cells; and when the process
+    started with SIGINT ignored, as a script's background job does (and a test runner started as one)."""
     if receiver == "helper thread" and TGKILL is None:
         pytest.skip(f"no tgkill number for {os.uname().machine}")
     overrides = ["schedule.steps=100000", "run.save_every=0"]  # a state only where a signal saves one
@@ -257,7 +258,15 @@ def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONFAULTHANDLER": "1"}  # SIGABRT: every thread's traceback
     command = [sys.executable, "-m", "vitkit.cli", "sweep", str(spec), "--out", str(out), "--jobs", "2"]
-    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGINT as the case says, not as this test's process has it
+    disposition = signal.SIG_IGN if receiver.endswith("ignoring SIGINT") else signal.SIG_DFL
+
+    def start_with_sigint():
+        signal.signal(signal.SIGINT, disposition)
+
+    proc = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=start_with_sigint
+    )
     cells = [out / "lr-0.001_seed-0", out / "lr-0.002_seed-0"]
     try:
         deadline = time.monotonic() + 120
@@ -265,7 +274,7 @@ def test_an_interrupted_jobs_sweep_stops_its_workers_with_their_state_saved(tmp_
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
         workers = _children(proc.pid)
-        if receiver == "process":
+        if receiver != "helper thread":
             os.kill(proc.pid, signal.SIGINT)
         else:
             _signal_a_helper_thread(proc.pid, signal.SIGINT)

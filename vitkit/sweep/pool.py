@@ -9,11 +9,12 @@ no queued cell starts and the sweep tabulates the cells that finished.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from multiprocessing import get_context
@@ -99,7 +100,10 @@ def run_cells(
     context, me = get_context("spawn"), os.getpid()
     stop = context.Event()
     deadline = None if time_limit is None else monotonic() + time_limit
-    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_watch_parent, initargs=(me, stop)) as pool:
+    with (
+        _ctrl_c_interrupts(),
+        ProcessPoolExecutor(jobs, mp_context=context, initializer=_watch_parent, initargs=(me, stop)) as pool,
+    ):
         futures: dict[Future[list[str]], CellPlan] = {}
         for plan in pending:
             log(f"{plan.name}: queued")
@@ -111,6 +115,21 @@ def run_cells(
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     return run
+
+
+@contextlib.contextmanager
+def _ctrl_c_interrupts() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in the sweep's process while it waits for its workers, also where the process
+    started with SIGINT ignored (a script's background job: ``vitkit sweep ... &``), as a training loop's own handler
+    does for a cell run in the sweep's process: ``kill -INT`` stops a sweep whatever its ``--jobs``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _collect(
