@@ -64,7 +64,7 @@ def test_figure_legends_say_what_each_model_is_and_accuracies_show_chance(tmp_pa
         assert (summary.family, summary.params, summary.flops) == (family, params, flops)
         assert label == str(summary) and label.startswith(f"{family} ") and label.endswith("FLOPs")
         assert "vit_ti16" not in label and "bit_r50x1" not in label  # the registered name the cell overrides
-    assert len(legend) == 3
+    assert len(legend) == 3 and len(ax.texts) == 0  # a line of one model: its legend says it, no point is labelled
     (chance_line,) = [line for line in ax.get_lines() if line.get_label().startswith("chance")]
     assert list(chance_line.get_ydata()) == [1 / classes] * 2 and chance_line.get_linestyle() == "--"
     assert ax.get_ylim() == (0, 1)
@@ -143,3 +143,30 @@ def test_a_line_of_several_models_of_one_family_is_labelled_by_the_family(tmp_pa
         line_label(keys, rows[:1], [tmp_path / "small"], sizes.__getitem__)
         == "ViT 139k params, 4.85 MFLOPs, patch_size=4"
     )
+
+
+def test_the_points_of_a_line_of_several_sizes_each_say_their_models_size(tmp_path):
+    """Two widths of one ViT on one line against compute (the hybrids figure): the legend names the family and each
+    point is labelled with the parameters and FLOPs an image of the model its run's config.json builds."""
+    cells = [{**CELLS[0], "model.width": width, "model.mlp_dim": 2 * width} for width in (16, 32)]
+    doc = {"config": {k: v for k, v in TINY.items() if k != "model"}, "cells": cells, "seeds": [0]}
+    doc |= {"metrics": ["eval_top1", "compute"]}
+    doc |= {"figure": {"x": "compute", "lines": ["model.name"]}, "overrides": ["run.eval_batch_size=512"]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    result = run_sweep(tmp_path / "s.yaml", out, log=lambda line: None)
+    spec = load_spec(tmp_path / "s.yaml")
+    ax = metric_figure(spec, result.rows, "eval_top1", out).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-1] == "ViT"
+    expected = []
+    for cell, row in zip(spec.expand(), result.rows):
+        config = read_config_json(out / cell.name / "config.json")
+        model = model_from_config(config["model"])
+        params = sum(p.numel() for p in model.parameters())
+        flops = model_flops(model, config["metadata"]["img_size"])
+        assert config["model"]["width"] == row.values["model.width"]
+        assert 1e3 <= params < 1e6 and 1e3 <= flops < 1e6  # thousands: "k"
+        text = f"{params / 1e3:.3g}k, {flops / 1e3:.3g} kFLOPs"
+        expected.append((text, (row.mean["compute"], row.mean["eval_top1"])))
+    assert [(t.get_text(), t.xy) for t in ax.texts] == expected
+    assert expected[0][0] != expected[1][0]

@@ -150,18 +150,17 @@ def metric_figure(
             drawn = ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3,
                                 label=name, linestyle=style)  # fmt: skip
             colour = drawn.lines[0].get_color()
+            if numeric:  # sizes of one family along the line: each point says its model's
+                _label_sizes(
+                    ax, pos, [p[1] for p in points], [metric_runs(cells, [r], metric, out) for r in members], describe
+                )
         for r in baselines:  # across the axis, in its line's colour, named by what it sets that the others do not
             own = {k: v for k, v in r.values.items() if all(k not in m.values for m in members if m is not r)}
             said = ", ".join(f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for k, v in own.items()) or "baseline"
             ax.axhline(cast(float, r.mean[metric]), color=colour, linestyle=":", linewidth=1.5, label=f"{name}: {said}")
     if not numeric:
         ax.set_xticks(range(len(xs)), [_category(x_key, x, rows) for x in xs])
-    guess = None
-    if metric.rsplit(".", 1)[-1].endswith(("top1", "top5", "acc")) or metric.startswith(("fewshot.", "parts.")):
-        ax.set_ylim(0, 1)  # an accuracy on its whole scale
-        guess = chance(metric_runs(cells, rows, metric, out), metric)
-        if guess is not None:
-            ax.axhline(guess[0], color="0.5", linestyle="--", linewidth=1, label=guess[1])
+    guess = _accuracy_scale(ax, metric, metric_runs(cells, rows, metric, out))
     if numeric and spec.log_x:
         ax.set_xscale("log")
     ax.set_xlabel("training compute (FLOPs: 3 x forward x images)" if x_key == COMPUTE else x_key)
@@ -171,6 +170,29 @@ def metric_figure(
     if len(lines) > 1 or guess is not None:
         ax.legend(fontsize=8)
     return fig
+
+
+def _accuracy_scale(ax: Any, metric: str, runs: list[Path]) -> tuple[float, str] | None:
+    """An accuracy on its whole scale, with a dashed line where guessing lands (chance, returned); else nothing."""
+    if not (metric.rsplit(".", 1)[-1].endswith(("top1", "top5", "acc")) or metric.startswith(("fewshot.", "parts."))):
+        return None
+    ax.set_ylim(0, 1)
+    guess = chance(runs, metric)
+    if guess is not None:
+        ax.axhline(guess[0], color="0.5", linestyle="--", linewidth=1, label=guess[1])
+    return guess
+
+
+def _label_sizes(ax: Any, xs: list[float], ys: list[float], runs: list[list[Path]], describe: Describe) -> None:
+    """Each point of a line along which the model changes (sizes of one family, which the legend names) labelled
+    with its own model's parameters and FLOPs an image; nothing on a line of one model."""
+    models = [describe(point[0]) if point else None for point in runs]
+    if len({(m.params, m.flops) for m in models if m is not None}) < 2:
+        return
+    for x, y, m in zip(xs, ys, models):
+        if m is not None:
+            text = f"{''.join(_si(m.params))}, {' '.join(_si(m.flops))}FLOPs"  # 139k, 4.87 MFLOPs
+            ax.annotate(text, (x, y), xytext=(5, 5), textcoords="offset points", fontsize=7)
 
 
 def metric_runs(cells: list[Cell], rows: list[Row], metric: str, out: Path) -> list[Path]:
