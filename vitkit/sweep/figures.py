@@ -41,8 +41,13 @@ class ModelSummary:
     params: int
     flops: int
 
+    def sizes(self) -> tuple[str, str]:
+        """Its parameters and FLOPs an image as a figure writes them: ("139k", "4.87 MFLOPs")."""
+        return "".join(_si(self.params)), f"{' '.join(_si(self.flops))}FLOPs"
+
     def __str__(self) -> str:
-        return f"{self.family} {''.join(_si(self.params))} params, {' '.join(_si(self.flops))}FLOPs"  # 4.9 MFLOPs
+        params, flops = self.sizes()
+        return f"{self.family} {params} params, {flops}"  # ViT 139k params, 4.87 MFLOPs
 
 
 FAMILIES = {"vit": "ViT", "hybrid": "hybrid (ResNet+ViT)", "resnet": "ResNet", "bit": "ResNet (BiT)"}
@@ -150,7 +155,7 @@ def metric_figure(
             drawn = ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3,
                                 label=name, linestyle=style)  # fmt: skip
             colour = drawn.lines[0].get_color()
-            if numeric:  # sizes of one family along the line: each point says its model's
+            if numeric:  # where the model changes along the line, each point says its model's size
                 _label_sizes(
                     ax, pos, [p[1] for p in points], [metric_runs(cells, [r], metric, out) for r in members], describe
                 )
@@ -191,8 +196,7 @@ def _label_sizes(ax: Any, xs: list[float], ys: list[float], runs: list[list[Path
         return
     for x, y, m in zip(xs, ys, models):
         if m is not None:
-            text = f"{''.join(_si(m.params))}, {' '.join(_si(m.flops))}FLOPs"  # 139k, 4.87 MFLOPs
-            ax.annotate(text, (x, y), xytext=(5, 5), textcoords="offset points", fontsize=7)
+            ax.annotate(", ".join(m.sizes()), (x, y), xytext=(5, 5), textcoords="offset points", fontsize=7)
 
 
 def metric_runs(cells: list[Cell], rows: list[Row], metric: str, out: Path) -> list[Path]:
