@@ -1,7 +1,9 @@
-"""A sweep's claims: each ordering a spec claims is tested by the aggregate, and the test agrees with scipy's."""
+"""A sweep's claims: each ordering a spec claims is tested by the aggregate, the test agrees with scipy's, and the
+verdicts read the spec's claims as one family (Holm's adjustment)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from pathlib import Path
@@ -15,7 +17,7 @@ from test_sweep import tiny_digits
 from vitkit.errors import UserError
 from vitkit.sweep import load_spec, run_sweep, shipped_sweeps
 from vitkit.sweep.aggregate import claim_results
-from vitkit.sweep.stats import compare, t_critical, t_two_sided
+from vitkit.sweep.stats import compare, holm, t_critical, t_two_sided
 
 
 @pytest.mark.parametrize("df", [1, 2, 3.7, 9, 30, 400])
@@ -42,6 +44,40 @@ def test_paired_when_the_seeds_match_else_welch_as_scipy_computes_them():
     assert compare({0: 1.0, 1: 2.0}, {0: 0.0, 1: 1.0}).verdict == "shown"  # the same difference on every seed
 
 
+def test_holms_adjustment_is_the_closed_test_of_bonferronis():
+    """A claim's Holm p is the largest, over every subset of the family that holds it, of that subset's Bonferroni p
+    (its size times its smallest p, at most 1): the closed testing that Holm's step-down method shortcuts."""
+    rng = random.Random(5)
+    for m in range(1, 8):
+        ps = [rng.choice([rng.random(), rng.random() * 0.05, 0.01, 0.3]) for _ in range(m)]  # ties included
+        subsets = [s for k in range(1, m + 1) for s in itertools.combinations(range(m), k)]
+        want = [max(min(1.0, len(s) * min(ps[j] for j in s)) for s in subsets if i in s) for i in range(m)]
+        assert holm(ps) == pytest.approx(want, rel=1e-12)
+
+
+def test_claims_each_below_005_alone_are_not_shown_when_the_family_is_not(tmp_path):
+    """Two claims, each with p < 0.05 alone (paired, 3 seeds) but not after Holm's adjustment for the pair, are not
+    shown; when one of them is made strong (p < 0.025), both are."""
+    lr = {"high": 0.01, "low": 1e-6}
+    diffs = {"eval_top1": [0.10, 0.12, 0.05], "train.loss": [0.10, 0.13, 0.06]}
+    records = [
+        {"seed": s, "optim.lr": lr[side], **{m: 0.5 + (d[s] if side == "high" else 0.0) for m, d in diffs.items()}}
+        for s in range(3)
+        for side in lr
+    ]
+    claims = [{"metric": m, "higher": {"optim.lr": 0.01}, "lower": {"optim.lr": 1e-6}} for m in diffs]
+    spec = load_spec(_spec(tmp_path / "s.yaml", claims))
+    found = claim_results(spec, records)
+    alone = [scipy_stats.ttest_1samp(d, 0.0).pvalue for d in diffs.values()]
+    assert max(alone) < 0.05 and [c["p"] for c in found] == pytest.approx(alone, rel=1e-9)
+    assert [c["p_holm"] for c in found] == pytest.approx([2 * min(alone)] * 2, rel=1e-9)  # 0.083: both over 0.05
+    assert [c["verdict"] for c in found] == ["not shown", "not shown"]
+    strong = [{**r, "train.loss": r["train.loss"] * (1 if r["optim.lr"] == 1e-6 else 1.2)} for r in records]
+    diffs_strong = [1.2 * (0.5 + d) - 0.5 for d in diffs["train.loss"]]
+    assert scipy_stats.ttest_1samp(diffs_strong, 0.0).pvalue < 0.025
+    assert [c["verdict"] for c in claim_results(spec, strong)] == ["shown", "shown"]
+
+
 TINY = tiny_digits(
     model={"width": 32, "mlp_dim": 64},
     schedule={"steps": 80, "warmup_steps": 5},
@@ -49,8 +85,9 @@ TINY = tiny_digits(
 )
 
 
-def _spec(path: Path, claims) -> Path:
+def _spec(path: Path, claims, overrides: tuple[str, ...] = ()) -> Path:
     doc = {
+        "overrides": list(overrides),
         "config": TINY,
         "grid": {"optim.lr": [0.01, 1e-6]},
         "seeds": [0, 1, 2],
@@ -67,14 +104,16 @@ def test_a_sweeps_claims_are_tested_printed_and_written(tmp_path):
         {"metric": "train.loss", "higher": {"optim.lr": 0.01}, "lower": {"optim.lr": 1e-6}},
     ]
     lines: list[str] = []
-    run_sweep(_spec(tmp_path / "s.yaml", claims), tmp_path / "out", log=lines.append)
+    # 240 steps: long enough that the ordering holds on every torch and CPU tried (at 80, a torch 2.11 run had p = 0.12)
+    run_sweep(_spec(tmp_path / "s.yaml", claims, ["schedule.steps=240"]), tmp_path / "out", log=lines.append)
     doc = json.loads((tmp_path / "out" / "sweep.json").read_text())
     for claim, metric in zip(doc["claims"], ("eval_top1", "train.loss")):
         high = [r[metric] for r in sorted(doc["runs"], key=lambda r: r["seed"]) if r["optim.lr"] == 0.01]
         low = [r[metric] for r in sorted(doc["runs"], key=lambda r: r["seed"]) if r["optim.lr"] == 1e-6]
         want = scipy_stats.ttest_rel(high, low)  # recomputed from the runs' own numbers
         assert claim["p"] == pytest.approx(want.pvalue, rel=1e-9) and claim["test"] == "paired (3 seeds)"
-    # a learning rate of 1e-6 learns nothing in 80 steps: its accuracy is lower, its loss higher
+    assert [c["p_holm"] for c in doc["claims"]] == holm([c["p"] for c in doc["claims"]])
+    # a learning rate of 1e-6 learns nothing in 240 steps: its accuracy is lower, its loss higher
     assert [c["verdict"] for c in doc["claims"]] == ["shown", "reversed"]
     printed = [line for line in lines if line.startswith(("eval_top1:", "train.loss:"))]
     assert printed[0].startswith("eval_top1: optim.lr=0.01 > optim.lr=1e-06: shown (difference ")

@@ -32,7 +32,7 @@ from ..train.recipe import load_config
 from .probes import is_probe_metric, probe_metric
 from .run import run_status
 from .spec import COMPUTE, FINETUNE, Cell, Claim, SweepSpec, finetune_name
-from .stats import LEVEL, compare
+from .stats import LEVEL, compare, holm
 
 TABLE_NAME = "sweep"  # sweep.csv, sweep.json, sweep.md
 
@@ -125,23 +125,26 @@ def aggregate(
 
 
 def claim_results(spec: SweepSpec, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each claim of the spec tested on the finished runs (stats.compare): its rows' labels, the difference of the
-    means with its confidence interval, p, the test and the verdict (or why there is none)."""
-    results = []
+    """Each claim of the spec tested on the finished runs (stats.compare), the claims tested forming one family
+    (stats.holm): its rows' labels, the difference of the means with its confidence interval, p, Holm's p, the test
+    and the verdict (or why there is none)."""
+    results, found = [], []
     for claim in spec.claims:
         metric = claim.metric
         sides = [
             {r["seed"]: float(r[metric]) for r in records if Claim.matches(side, r) and r[metric] is not None}
             for side in (claim.higher, claim.lower)
         ]
-        found = compare(*sides)
+        found.append(compare(*sides))
         result: dict[str, Any] = {"metric": claim.metric, "higher": Claim.label(claim.higher)}
         result["lower"] = Claim.label(claim.lower)
-        if found is None:
+        if found[-1] is None:
             result["verdict"] = f"untested: {len(sides[0])} and {len(sides[1])} seeds finished (2 or more each)"
-        else:
-            result.update(dataclasses.asdict(found), verdict=found.verdict)
         results.append(result)
+    tested = [(result, c) for result, c in zip(results, found) if c is not None]
+    for (result, c), p_holm in zip(tested, holm([c.p for _, c in tested])):
+        c = dataclasses.replace(c, p_holm=p_holm)
+        result.update(dataclasses.asdict(c), verdict=c.verdict)
     return results
 
 
@@ -155,7 +158,7 @@ def claim_lines(results: list[dict[str, Any]]) -> list[str]:
             continue
         interval = f"[{_number(r['low'], 3)}, {_number(r['high'], 3)}]"
         lines.append(f"{head}: {r['verdict']} (difference {_number(r['diff'], 3)}, {LEVEL:.0%} CI {interval}, "
-                     f"p = {_number(r['p'], 2)}, {r['test']})")  # fmt: skip
+                     f"p = {_number(r['p'], 2)}, Holm p = {_number(r['p_holm'], 2)}, {r['test']})")  # fmt: skip
     return lines
 
 
@@ -204,9 +207,10 @@ def write_table(
     if claims:
         md += ["", "## Claims", "", *(f"- {line}" for line in claim_lines(claims)), ""]
         md.append(
-            f"Difference: the first row's mean minus the second's, with its {LEVEL:.0%} confidence interval; shown: "
-            f"the interval lies above zero (two-sided p < {1 - LEVEL:.2g}). A paired t-test over the seeds both rows "
-            "finished, else Welch's; each claim tested alone (no correction for their number)."
+            f"Difference: the first row's mean minus the second's, with its {LEVEL:.0%} confidence interval; p: "
+            "two-sided, of a paired t-test over the seeds both rows finished, else Welch's; Holm p: p adjusted for "
+            f"the {sum('p' in c for c in claims)} claims tested (Holm's step-down). Shown: Holm p < {1 - LEVEL:.2g} "
+            "and the difference above zero (reversed: below zero)."
         )
     atomic_write_text(md_path, "\n".join(md) + "\n")
     return [csv_path, json_path, md_path]

@@ -2,6 +2,8 @@
 interval and two-sided p-value, by a paired t-test on the seeds both rows have (a seed's runs share their
 initialisation and data order) when there are two or more, else Welch's t-test. The t distribution's tail is the
 regularised incomplete beta function, evaluated by its continued fraction (Numerical Recipes, 3rd ed., sec 6.4).
+A spec's claims are a family: the verdicts read their p-values after Holm's step-down adjustment (``holm``), so the
+chance of calling any claim of a spec shown or reversed whose two rows do not differ stays under 5%.
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ import math
 import statistics
 from dataclasses import dataclass
 
-LEVEL = 0.95  # of the confidence interval; a claim is shown when its interval lies above zero (p < 1 - LEVEL)
+# the confidence intervals' level; a claim is shown when its Holm-adjusted p < 1 - LEVEL and its difference is > 0
+LEVEL = 0.95
 
 
 def _beta_fraction(a: float, b: float, x: float) -> float:
@@ -59,17 +62,21 @@ def t_critical(df: float, level: float = LEVEL) -> float:
 
 @dataclass(frozen=True)
 class Comparison:
-    """higher - lower: the difference of the means, its LEVEL confidence interval, the two-sided p-value."""
+    """higher - lower: the difference of the means, its LEVEL confidence interval, the two-sided p-value, and that p
+    adjusted for the claims tested with it (``holm``; the same p when tested alone)."""
 
     diff: float
     low: float
     high: float
     p: float
     test: str  # "paired (n seeds)" or "Welch (n1, n2 seeds)"
+    p_holm: float
 
     @property
     def verdict(self) -> str:
-        return "shown" if self.low > 0 else "reversed" if self.high < 0 else "not shown"
+        if self.p_holm >= 1.0 - LEVEL or self.diff == 0.0:
+            return "not shown"
+        return "shown" if self.diff > 0 else "reversed"
 
 
 def compare(higher: dict[int, float], lower: dict[int, float]) -> Comparison | None:
@@ -88,6 +95,19 @@ def compare(higher: dict[int, float], lower: dict[int, float]) -> Comparison | N
     else:
         return None
     if se == 0.0:  # every seed gave the same difference: no spread to test against
-        return Comparison(diff, diff, diff, 0.0 if diff else 1.0, test)
-    half = t_critical(df) * se
-    return Comparison(diff, diff - half, diff + half, t_two_sided(diff / se, df), test)
+        p = 0.0 if diff else 1.0
+        return Comparison(diff, diff, diff, p, test, p)
+    half, p = t_critical(df) * se, t_two_sided(diff / se, df)
+    return Comparison(diff, diff - half, diff + half, p, test, p)
+
+
+def holm(ps: list[float]) -> list[float]:
+    """Holm's step-down adjustment of a family's p-values, in their order: the i-th smallest times (m - i + 1), kept
+    from falling below the one before it, at most 1. A claim whose adjusted p is under a level is rejected with the
+    family's error rate under that level (Holm 1979), whatever the dependence between the claims."""
+    adjusted = [0.0] * len(ps)
+    running = 0.0
+    for rank, i in enumerate(sorted(range(len(ps)), key=ps.__getitem__)):
+        running = max(running, min(1.0, (len(ps) - rank) * ps[i]))
+        adjusted[i] = running
+    return adjusted
