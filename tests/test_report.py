@@ -395,6 +395,10 @@ def test_training_rewrites_the_page_at_evaluations_and_a_failure_is_a_warning(tm
 
 # -------------------------------------------------------------------------------------------------- sweeps
 SWEEP_METRICS = ["eval_top1", "eval_loss", "train.loss"]
+SWEEP_CLAIMS = [
+    {"metric": "eval_top1", "higher": {"optim.lr": 0.003}, "lower": {"optim.lr": 0.001}},
+    {"metric": "train.loss", "higher": {"optim.lr": 0.001}, "lower": {"optim.lr": 0.003}},
+]
 
 
 @pytest.fixture(scope="module")
@@ -415,6 +419,7 @@ def sweep_dir(tmp_path_factory) -> Path:
         metrics=SWEEP_METRICS,
         figure={"x": "optim.lr", "log_x": True},
         overrides=["run.eval_batch_size=512", "schedule.steps=10", "run.save_every=0"],
+        claims=SWEEP_CLAIMS,
     )
     out = tmp / "out"
     page = partial(write_sweep_report, write_missing=False)
@@ -471,6 +476,39 @@ def test_a_sweep_page_tabulates_its_runs_and_links_their_pages(sweep_dir, tmp_pa
         assert img["src"].startswith("data:image/png;base64,") and img["alt"].startswith(metric)
         png = (sweep_dir / f"{metric.replace('.', '_')}.png").read_bytes()
         assert base64.b64decode(img["src"].split(",", 1)[1]) == png
+
+
+def test_a_sweep_page_lists_its_claims_as_tested_from_the_runs_own_numbers(sweep_dir):
+    """The claims table against scipy's paired t-test on each run's last records, adjusted together by Holm's rule
+    (for two claims: the smaller p doubled, the larger no less than that), and the verdict that rule gives."""
+    from scipy import stats as scipy_stats
+
+    from vitkit.report.sweep import write_sweep_report
+
+    write_sweep_report(sweep_dir, write_missing=False)
+    page = (sweep_dir / "report.html").read_text()
+    body = page.split('class="sweep-claims"', 1)[1].split("</table>", 1)[0]
+    rows = [re.findall(r"<t[hd][^>]*>(.*?)</t[hd]>", row) for row in re.findall(r"<tr>(.*?)</tr>", body)][1:]
+    last = {"eval_top1": ("eval", "eval_top1"), "train.loss": ("train", "loss")}
+    values: dict[tuple[str, float], dict[int, float]] = {}
+    for run in sorted(d for d in sweep_dir.iterdir() if d.is_dir()):
+        cfg = yaml.safe_load((run / "config.yaml").read_text())
+        for metric, (kind, key) in last.items():
+            value = [r for r in records(run) if r["kind"] == kind][-1][key]
+            values.setdefault((metric, float(cfg["optim"]["lr"])), {})[cfg["run"]["seed"]] = value
+    ps = []
+    for claim in SWEEP_CLAIMS:
+        high, low = (values[claim["metric"], side["optim.lr"]] for side in (claim["higher"], claim["lower"]))
+        ps.append(scipy_stats.ttest_rel([high[s] for s in (0, 1)], [low[s] for s in (0, 1)]).pvalue)
+    holm = [min(1.0, 2 * min(ps)), max(min(1.0, 2 * min(ps)), max(ps))]
+    holm = holm if ps[0] <= ps[1] else holm[::-1]
+    assert len(rows) == len(SWEEP_CLAIMS)
+    for claim, cells, p, p_holm in zip(SWEEP_CLAIMS, rows, ps, holm):
+        metric, said, diff, _, p_text, holm_text, test, verdict = (html.unescape(c) for c in cells)
+        assert metric == claim["metric"] and said.startswith(f"optim.lr={claim['higher']['optim.lr']} > ")
+        assert (p_text, holm_text) == (f"{p:.2g}", f"{p_holm:.2g}")  # as the page writes them: 2 significant digits
+        want = "not shown" if p_holm >= 0.05 else "shown" if float(diff) > 0 else "reversed"
+        assert test == "paired (2 seeds)" and re.sub("<[^>]+>", "", verdict) == want
 
 
 def test_report_of_a_directory_that_is_neither_a_run_nor_a_sweep(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The page of one sweep: ``write_sweep_report(sweep_dir)`` writes sweep_dir/report.html: the table of sweep.json,
-the sweep's figures, every run with a relative link to its own page, and the commands that rewrite the page."""
+the claims it tested, the sweep's figures, every run with a relative link to its own page, and the commands that
+rewrite the page."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from ..sweep.aggregate import TABLE_NAME, Table, read_table
 from ..sweep.figures import CURVES_NAME, figure_name
 from ..sweep.probes import ATTENTION_FIGURE
 from ..sweep.spec import finetune_name
+from ..sweep.stats import LEVEL
 from ..train.overrides import value_text
 from .html import Html, Page, Row, code_block, definitions, fmt, image, join, table, tag
 from .run import REPORT_NAME, write_run_report
@@ -74,6 +76,8 @@ def sweep_report(
     reports = _run_pages(sweep, t, write_missing, device)
     page = Page(f"vitkit sweep {sweep.resolve().name}", subtitle=str(sweep.resolve()))
     page.add("table", "Table", table_section(t, sweep, base, reports))
+    if t.claims:
+        page.add("claims", "Claims", claims_section(t))
     page.add("figures", "Figures", figures_section(t, sweep))
     page.add("runs", "Runs", runs_section(t, sweep, base, reports))
     page.add("commands", "Aggregate again", commands(t, sweep))
@@ -136,6 +140,29 @@ def table_section(t: Table, sweep: Path, base: Path, reports: dict[Path, str | N
         f"{SWEEP_MARKER}: the sweep's own aggregation of each run's final metrics.jsonl records."
     )
     return join([tag("p", note, cls="note"), table(header, rows, caption="The sweep", cls="sweep")])
+
+
+def claims_section(t: Table) -> Html:
+    """Each ordering the spec claims, as the aggregate tested it (sweep.json): the difference with its interval, p,
+    Holm's p and the verdict; a claim without enough finished seeds says so."""
+    rows = []
+    for c in t.claims:
+        head = [c.get("metric", "–"), f"{c.get('higher', '?')} > {c.get('lower', '?')}"]
+        verdict = tag("strong", str(c.get("verdict", "–")), data_verdict=str(c.get("verdict", "")))
+        if "p" not in c:  # untested: the verdict says why
+            rows.append(Row([*head, "–", "–", "–", "–", "–", verdict]))
+            continue
+        interval = f"[{fmt(float(c['low']), 3)}, {fmt(float(c['high']), 3)}]"
+        holm = fmt(float(c["p_holm"]), 2) if c.get("p_holm") is not None else "– (tested alone)"
+        rows.append(Row([*head, fmt(float(c["diff"]), 3), interval, fmt(float(c["p"]), 2), holm, c["test"], verdict]))
+    note = (
+        "Each ordering the spec claims (first row > second, on the metric): the difference of the two rows' means "
+        f"with its {LEVEL:.0%} confidence interval; p, two-sided, of a paired t-test over the seeds both rows finished "
+        f"(else Welch's); Holm p: p adjusted for the claims tested together. Shown: Holm p < {1 - LEVEL:.2g} and the "
+        "difference above zero; reversed: below zero."
+    )
+    header = ["metric", "claim", "difference", f"{LEVEL:.0%} CI", "p", "Holm p", "test", "verdict"]
+    return join([tag("p", note, cls="note"), table(header, rows, caption="The claims tested", cls="sweep-claims")])
 
 
 EXTRA_FIGURES = (

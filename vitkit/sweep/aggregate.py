@@ -226,6 +226,7 @@ class Table:
     rows: list[Row]
     runs: list[dict[str, Any]]
     options: str = ""  # the spec's variant: --scale gpu, --quick
+    claims: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # claim_results
 
 
 def read_table(out: Path) -> Table:
@@ -240,6 +241,7 @@ def read_table(out: Path) -> Table:
         ]
         runs = list(doc["runs"])
         names = [str(r["run"]) for r in runs]
+        claims = [dict(c) for c in doc.get("claims", [])]
     except FileNotFoundError:
         raise UserError(f"{path}: no such file (run vitkit sweep, or give the sweep's --out)") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
@@ -247,4 +249,4 @@ def read_table(out: Path) -> Table:
     for name in names:
         if Path(name).name != name or name in ("", ".", ".."):
             raise UserError(f"{path}: run {name!r} is not the name of a run directory inside the sweep")
-    return Table(str(doc.get("spec", "")), axes, metrics, rows, runs, str(doc.get("options", "")))
+    return Table(str(doc.get("spec", "")), axes, metrics, rows, runs, str(doc.get("options", "")), claims)
