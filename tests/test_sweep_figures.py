@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import matplotlib.colors
 import pytest
 import yaml
 from test_sweep import tiny_digits
@@ -170,3 +171,29 @@ def test_the_points_of_a_line_of_several_sizes_each_say_their_models_size(tmp_pa
         expected.append((text, (row.mean["compute"], row.mean["eval_top1"])))
     assert [(t.get_text(), t.xy) for t in ax.texts] == expected
     assert expected[0][0] != expected[1][0]
+
+
+def test_each_seeds_value_is_a_dot_beside_its_rows_mean(tmp_path):
+    """Categories (two position embeddings) of two seeds each: every seed's held-out top-1, read from its run's own last
+    evaluation, is a dot at its category in the colour of that category's mean, left out of the legend."""
+    kinds = ["learned", "none"]
+    doc = {"config": TINY, "grid": {"model.pos_embed": kinds}, "seeds": [0, 1], "metrics": ["eval_top1"]}
+    doc |= {"figure": {"x": "model.pos_embed"}, "overrides": ["run.eval_batch_size=512"]}
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    result = run_sweep(tmp_path / "s.yaml", out, log=lambda line: None)
+    spec = load_spec(tmp_path / "s.yaml")
+    ax = metric_figure(spec, result.rows, "eval_top1", out).axes[0]
+    (bars,) = ax.containers  # the means ± std, one errorbar
+    mean = bars.lines[0]
+    dots = [c for c in ax.collections if c.get_label() == "_seed"]
+    assert all(tuple(c.get_facecolor()[0][:3]) == matplotlib.colors.to_rgb(mean.get_color()) for c in dots)
+    drawn = sorted((float(x), float(y)) for c in dots for x, y in c.get_offsets())
+    want = []
+    for cell in spec.expand():
+        evals = [json.loads(line) for line in (out / cell.name / "metrics.jsonl").read_text().splitlines()]
+        top1 = [e["eval_top1"] for e in evals if e.get("kind") == "eval"][-1]
+        want.append((kinds.index(dict(cell.values)["model.pos_embed"]), top1))
+    assert drawn == sorted(want) and len(drawn) == 4
+    assert [t.get_text() for t in ax.get_xticklabels()] == kinds
+    assert all(not t.get_text().startswith("_") for t in ax.get_legend().get_texts())

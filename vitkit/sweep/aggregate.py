@@ -97,6 +97,7 @@ class Row:
     mean: dict[str, float | None]
     std: dict[str, float | None]
     seeds: list[int]
+    each: dict[str, list[float]] = dataclasses.field(default_factory=dict)  # metric: its finished seeds' values
 
 
 def aggregate(
@@ -116,11 +117,12 @@ def aggregate(
     for group, members in groups.items():
         mean: dict[str, float | None] = {}
         std: dict[str, float | None] = {}
+        each: dict[str, list[float]] = {}
         for metric in spec.metrics:
-            xs = [x for _, found in members if (x := found[metric]) is not None]
+            xs = each[metric] = [x for _, found in members if (x := found[metric]) is not None]
             mean[metric] = statistics.fmean(xs) if xs else None
             std[metric] = statistics.stdev(xs) if len(xs) > 1 else None
-        rows.append(Row(dict(group), len(members), mean, std, [c.seed for c, _ in members]))
+        rows.append(Row(dict(group), len(members), mean, std, [c.seed for c, _ in members], each))
     return rows, records
 
 

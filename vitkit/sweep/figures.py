@@ -120,8 +120,9 @@ def curves_figure(
 def metric_figure(
     spec: SweepSpec, rows: list[Row], metric: str, out: Path, describe: Callable[[Path], ModelSummary] = model_summary
 ) -> Figure:
-    """The metric against figure.x, one line per value of figure.lines (labelled by line_label); an accuracy on its
-    whole scale, with a dashed line where guessing lands (chance)."""
+    """The metric against figure.x, one line per value of figure.lines (labelled by line_label), each point the mean
+    ± std over seeds with every seed's value a dot; an accuracy on its whole scale, with a dashed line where
+    guessing lands (chance)."""
     from matplotlib.figure import Figure
 
     x_key = spec.figure_x or spec.axes[-1]
@@ -155,6 +156,7 @@ def metric_figure(
             drawn = ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3,
                                 label=name, linestyle=style)  # fmt: skip
             colour = drawn.lines[0].get_color()
+            _seed_dots(ax, pos, [r.each.get(metric, []) for r in members], colour)
             if numeric:  # where the model changes along the line, each point says its model's size
                 _label_sizes(
                     ax, pos, [p[1] for p in points], [metric_runs(cells, [r], metric, out) for r in members], describe
@@ -169,7 +171,7 @@ def metric_figure(
     if numeric and spec.log_x:
         ax.set_xscale("log")
     ax.set_xlabel("training compute (FLOPs: 3 x forward x images)" if x_key == COMPUTE else x_key)
-    ax.set_ylabel(f"{metric} (mean ± std over seeds)")
+    ax.set_ylabel(f"{metric} (mean ± std over seeds; dots: each seed)")
     ax.set_title(spec.name)
     ax.grid(alpha=0.3)
     if len(lines) > 1 or guess is not None:
@@ -186,6 +188,13 @@ def _accuracy_scale(ax: Any, metric: str, runs: list[Path]) -> tuple[float, str]
     if guess is not None:
         ax.axhline(guess[0], color="0.5", linestyle="--", linewidth=1, label=guess[1])
     return guess
+
+
+def _seed_dots(ax: Any, xs: list[float], values: list[list[float]], colour: Any) -> None:
+    """Each seed's value a dot at its point's x, in the line's colour, out of the legend: two modes (some seeds that
+    learn a thing, some that do not) do not hide in one mean and its spread."""
+    for x, seeds in zip(xs, values):
+        ax.scatter([x] * len(seeds), seeds, s=9, color=colour, alpha=0.45, linewidths=0, label="_seed")
 
 
 def _label_sizes(ax: Any, xs: list[float], ys: list[float], runs: list[list[Path]], describe: Describe) -> None:
