@@ -17,6 +17,7 @@ from vitkit.models.flops import model_flops
 from vitkit.sweep import load_spec, run_sweep
 from vitkit.sweep.aggregate import Row
 from vitkit.sweep.figures import (
+    SEED_SHIFT,
     ModelSummary,
     chance,
     curves_figure,
@@ -175,7 +176,7 @@ def test_the_points_of_a_line_of_several_sizes_each_say_their_models_size(tmp_pa
 
 def test_each_seeds_value_is_a_dot_beside_its_rows_mean(tmp_path):
     """Categories (two position embeddings) of two seeds each: every seed's held-out top-1, read from its run's own last
-    evaluation, is a dot at its category in the colour of that category's mean, left out of the legend."""
+    evaluation, is a dot just right of its category's mean, in its colour, left out of the legend."""
     kinds = ["learned", "none"]
     doc = {"config": TINY, "grid": {"model.pos_embed": kinds}, "seeds": [0, 1], "metrics": ["eval_top1"]}
     doc |= {"figure": {"x": "model.pos_embed"}, "overrides": ["run.eval_batch_size=512"]}
@@ -193,7 +194,7 @@ def test_each_seeds_value_is_a_dot_beside_its_rows_mean(tmp_path):
     for cell in spec.expand():
         evals = [json.loads(line) for line in (out / cell.name / "metrics.jsonl").read_text().splitlines()]
         top1 = [e["eval_top1"] for e in evals if e.get("kind") == "eval"][-1]
-        want.append((kinds.index(dict(cell.values)["model.pos_embed"]), top1))
+        want.append((kinds.index(dict(cell.values)["model.pos_embed"]) + SEED_SHIFT, top1))
     assert drawn == sorted(want) and len(drawn) == 4
     assert [t.get_text() for t in ax.get_xticklabels()] == kinds
     assert all(not t.get_text().startswith("_") for t in ax.get_legend().get_texts())

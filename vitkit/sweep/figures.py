@@ -156,7 +156,7 @@ def metric_figure(
             drawn = ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3,
                                 label=name, linestyle=style)  # fmt: skip
             colour = drawn.lines[0].get_color()
-            _seed_dots(ax, pos, [r.each.get(metric, []) for r in members], colour)
+            _seed_dots(ax, pos, [r.each.get(metric, []) for r in members], colour, 0.0 if numeric else SEED_SHIFT)
             if numeric:  # where the model changes along the line, each point says its model's size
                 _label_sizes(
                     ax, pos, [p[1] for p in points], [metric_runs(cells, [r], metric, out) for r in members], describe
@@ -190,11 +190,14 @@ def _accuracy_scale(ax: Any, metric: str, runs: list[Path]) -> tuple[float, str]
     return guess
 
 
-def _seed_dots(ax: Any, xs: list[float], values: list[list[float]], colour: Any) -> None:
-    """Each seed's value a dot at its point's x, in the line's colour, out of the legend: two modes (some seeds that
+SEED_SHIFT = 0.1  # a category's seeds are dotted this far right of its mean, off its error bar
+
+
+def _seed_dots(ax: Any, xs: list[float], values: list[list[float]], colour: Any, shift: float) -> None:
+    """Each seed's value a dot at x + shift, in the line's colour, out of the legend: two modes (some seeds that
     learn a thing, some that do not) do not hide in one mean and its spread."""
     for x, seeds in zip(xs, values):
-        ax.scatter([x] * len(seeds), seeds, s=9, color=colour, alpha=0.45, linewidths=0, label="_seed")
+        ax.scatter([x + shift] * len(seeds), seeds, s=14, color=colour, alpha=0.6, linewidths=0, label="_seed")
 
 
 def _label_sizes(ax: Any, xs: list[float], ys: list[float], runs: list[list[Path]], describe: Describe) -> None:
