@@ -171,7 +171,7 @@ def metric_figure(
     if numeric and spec.log_x:
         ax.set_xscale("log")
     ax.set_xlabel("training compute (FLOPs: 3 x forward x images)" if x_key == COMPUTE else x_key)
-    ax.set_ylabel(f"{metric} (mean ± std over seeds; dots: each seed)")
+    ax.set_ylabel(f"{metric}\n(mean ± std over seeds; dots: each seed)")
     ax.set_title(spec.name)
     ax.grid(alpha=0.3)
     if len(lines) > 1 or guess is not None:
