@@ -15,7 +15,7 @@ import torch
 
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write_text
-from ..sweep.aggregate import TABLE_NAME, Table, read_table
+from ..sweep.aggregate import TABLE_NAME, Table, claims_note, read_table
 from ..sweep.figures import CURVES_NAME, figure_name
 from ..sweep.probes import ATTENTION_FIGURE
 from ..sweep.spec import finetune_name
@@ -155,12 +155,7 @@ def claims_section(t: Table) -> Html:
         interval = f"[{fmt(float(c['low']), 3)}, {fmt(float(c['high']), 3)}]"
         holm = fmt(float(c["p_holm"]), 2) if c.get("p_holm") is not None else "– (tested alone)"
         rows.append(Row([*head, fmt(float(c["diff"]), 3), interval, fmt(float(c["p"]), 2), holm, c["test"], verdict]))
-    note = (
-        "Each ordering the spec claims (first row > second, on the metric): the difference of the two rows' means "
-        f"with its {LEVEL:.0%} confidence interval; p, two-sided, of a paired t-test over the seeds both rows finished "
-        f"(else Welch's); Holm p: p adjusted for the claims tested together. Shown: Holm p < {1 - LEVEL:.2g} and the "
-        "difference above zero; reversed: below zero."
-    )
+    note = f"Each ordering the spec claims, first row > second on the metric. {claims_note(t.claims)}"
     header = ["metric", "claim", "difference", f"{LEVEL:.0%} CI", "p", "Holm p", "test", "verdict"]
     return join([tag("p", note, cls="note"), table(header, rows, caption="The claims tested", cls="sweep-claims")])
 

@@ -164,6 +164,16 @@ def claim_lines(results: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def claims_note(results: list[dict[str, Any]]) -> str:
+    """How the claims (claim_results) are read, said under them wherever they are shown."""
+    return (
+        f"Difference: the first row's mean minus the second's, with its {LEVEL:.0%} confidence interval; p: "
+        "two-sided, of a paired t-test over the seeds both rows finished, else Welch's; Holm p: p adjusted for "
+        f"the {sum('p' in r for r in results)} claims tested (Holm's step-down). Shown: Holm p < {1 - LEVEL:.2g} "
+        "and the difference above zero (reversed: below zero)."
+    )
+
+
 def _number(x: float | None, digits: int = 4) -> str:
     return "" if x is None or math.isnan(x) else f"{x:.{digits}g}"
 
@@ -208,12 +218,7 @@ def write_table(
     md += ["", f"mean ± sample std over seeds; n: seeds finished of {len(spec.seeds)}."]
     if claims:
         md += ["", "## Claims", "", *(f"- {line}" for line in claim_lines(claims)), ""]
-        md.append(
-            f"Difference: the first row's mean minus the second's, with its {LEVEL:.0%} confidence interval; p: "
-            "two-sided, of a paired t-test over the seeds both rows finished, else Welch's; Holm p: p adjusted for "
-            f"the {sum('p' in c for c in claims)} claims tested (Holm's step-down). Shown: Holm p < {1 - LEVEL:.2g} "
-            "and the difference above zero (reversed: below zero)."
-        )
+        md.append(claims_note(claims))
     atomic_write_text(md_path, "\n".join(md) + "\n")
     return [csv_path, json_path, md_path]
 
