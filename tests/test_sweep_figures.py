@@ -147,6 +147,16 @@ def test_a_line_of_several_models_of_one_family_is_labelled_by_the_family(tmp_pa
     )
 
 
+def test_a_line_of_cells_without_the_pretrain_key_is_labelled_as_pretraining():
+    """mpp's figure: the pre-trained cells set only run.objective, the baseline ``pretrain: false``; the line key
+    pretrain then names both lines (a cell without it pre-trains), where the first had no label of its own."""
+    trained = [Row({"run.objective": o}, 1, {}, {}, [0]) for o in ("mpp", "classification")]
+    scratch = [Row({"pretrain": False}, 1, {}, {}, [0])]
+    assert line_label(["pretrain"], trained, [], model_summary) == "pretrain=true"
+    assert line_label(["pretrain"], scratch, [], model_summary) == "pretrain=false"
+    assert not load_spec("mpp").figure_lines and "pretrain" in load_spec("mpp").axes  # the case, as shipped
+
+
 def test_the_points_of_a_line_of_several_sizes_each_say_their_models_size(tmp_path):
     """Two widths of one ViT on one line against compute (the hybrids figure): the legend names the family and each
     point is labelled with the parameters and FLOPs an image of the model its run's config.json builds."""
@@ -197,4 +207,5 @@ def test_each_seeds_value_is_a_dot_beside_its_rows_mean(tmp_path):
         want.append((kinds.index(dict(cell.values)["model.pos_embed"]) + SEED_SHIFT, top1))
     assert drawn == sorted(want) and len(drawn) == 4
     assert [t.get_text() for t in ax.get_xticklabels()] == kinds
-    assert all(not t.get_text().startswith("_") for t in ax.get_legend().get_texts())
+    classes = read_config_json(out / spec.expand()[0].name / "config.json")["model"]["num_classes"]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [f"chance (1/{classes})"]  # one line: no entry

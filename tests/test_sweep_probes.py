@@ -11,6 +11,7 @@ import math
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,9 @@ from vitkit.sweep.probes import (
     FEWSHOT_FILE,
     PARTS_FILE,
     Probes,
+    attention_figure,
     label_part_accuracy,
+    measured_groups,
     probe_metric,
     run_probes,
 )
@@ -116,6 +119,39 @@ def test_the_attention_metrics_read_the_probe_file_by_hand(tmp_path):
     assert probe_metric(tmp_path, "attention.rise") is None  # one layer measured: no growth to speak of
     (tmp_path / ATTENTION_FILE).write_text(json.dumps({"skipped": "ResNetV2 has no attention"}))
     assert probe_metric(tmp_path, "attention.rise") is None
+
+
+def test_the_attention_figure_has_a_dot_per_head_and_seed_and_no_depth_tick_past_the_last_measured_layer(tmp_path):
+    """Two class-token runs of three layers (the last not measured): ticks at layers 1-2 only, a dot for each head of
+    each seed at its file's distance; with a GAP group measured to layer 3 beside them, ticks at 1-3."""
+    token = [[[2.0, 6.0], [5.0, 7.0], None], [[3.0, 4.0], [6.5, 7.5], None]]
+    gap = [[1.0, 2.0], [3.0, 4.0], [8.0, 9.0]]
+    groups = []
+    for label, runs in (("token", token), ("gap", [gap])):
+        dirs = []
+        for seed, distance in enumerate(runs):
+            dirs.append(tmp_path / f"{label}_seed-{seed}")
+            dirs[-1].mkdir()
+            doc = {"images": 4, "distance": distance, "untrained_layers": [2] * (label == "token"), "uniform": 6.0}
+            (dirs[-1] / ATTENTION_FILE).write_text(json.dumps(doc))
+        groups.append((label, {"model.classifier": label}, dirs))
+
+    ax = attention_figure("s", measured_groups(groups[:1])).axes[0]
+    assert list(ax.get_xticks()) == [1, 2] and ax.get_xlim()[1] < 3
+    offsets = [np.ma.filled(c.get_offsets(), math.nan) for c in ax.collections]
+    dots = sorted((round(float(x)), float(y)) for xy in offsets for x, y in xy if not math.isnan(y))
+    want = sorted((layer + 1, d) for run in token for layer, row in enumerate(run) if row for d in row)
+    assert dots == want
+    (mean,) = [line for line in ax.get_lines() if line.get_label().startswith("token")]
+    assert list(mean.get_ydata()[:2]) == [3.75, 6.5] and math.isnan(mean.get_ydata()[2])  # over heads and seeds
+    assert "untrained layers left out" in ax.get_title()
+
+    ax = attention_figure("s", measured_groups(groups)).axes[0]
+    assert list(ax.get_xticks()) == [1, 2, 3] and [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "classifier=token (n=2)",
+        "classifier=gap (n=1)",
+        "uniform attention",
+    ]
 
 
 SHAPES_DATA = {"source": "shapes", "img_size": 16, "num_images": 128, "eval_images": 48}

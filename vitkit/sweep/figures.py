@@ -22,7 +22,7 @@ from ..train.metrics import MetricsLog, save_figure
 from ..train.overrides import value_text
 from .aggregate import Row, meta_model
 from .probes import FEWSHOT_FILE, PARTS_FILE, differing
-from .spec import COMPUTE, FINETUNE, Cell, SweepSpec, finetune_name
+from .spec import CELL_DEFAULTS, COMPUTE, FINETUNE, Cell, SweepSpec, finetune_name
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
     from matplotlib.figure import Figure
@@ -147,47 +147,54 @@ def metric_figure(
         baselines = [r for r in members if numeric and x_of(r) is None]
         members = [r for r in members if r not in baselines] or baselines
         points = [(x_of(r), cast(float, r.mean[metric]), r.std[metric] or 0.0) for r in members]
-        name = line_label(line_keys, members, metric_runs(cells, members, metric, out), describe) or metric
+        # a line that nothing tells apart from others (the figure's only one) has no legend entry: the y label says it
+        name = line_label(line_keys, members, metric_runs(cells, members, metric, out), describe)
+        name = name or (metric if len(lines) > 1 else "")
         if members is baselines:  # a line of baselines alone: one horizontal line each
             colour = None
         else:
             pos = [float(cast(float, p[0])) if numeric else float(xs.index(p[0])) for p in points]
             style = "-" if numeric else "none"  # categories are points: no line joins them
             drawn = ax.errorbar(pos, [p[1] for p in points], yerr=[p[2] for p in points], marker="o", capsize=3,
-                                label=name, linestyle=style)  # fmt: skip
+                                label=name or "_line", linestyle=style)  # fmt: skip
             colour = drawn.lines[0].get_color()
             _seed_dots(ax, pos, [r.each.get(metric, []) for r in members], colour, 0.0 if numeric else SEED_SHIFT)
             if numeric:  # where the model changes along the line, each point says its model's size
                 _label_sizes(
                     ax, pos, [p[1] for p in points], [metric_runs(cells, [r], metric, out) for r in members], describe
                 )
-        for r in baselines:  # across the axis, in its line's colour, named by what it sets that the others do not
-            own = {k: v for k, v in r.values.items() if all(k not in m.values for m in members if m is not r)}
-            said = ", ".join(f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for k, v in own.items()) or "baseline"
-            ax.axhline(cast(float, r.mean[metric]), color=colour, linestyle=":", linewidth=1.5, label=f"{name}: {said}")
+        _baselines(ax, baselines, members, metric, colour, name)
     if not numeric:
         ax.set_xticks(range(len(xs)), [_category(x_key, x, rows) for x in xs])
-    guess = _accuracy_scale(ax, metric, metric_runs(cells, rows, metric, out))
+    _accuracy_scale(ax, metric, metric_runs(cells, rows, metric, out))
     if numeric and spec.log_x:
         ax.set_xscale("log")
     ax.set_xlabel("training compute (FLOPs: 3 x forward x images)" if x_key == COMPUTE else x_key)
     ax.set_ylabel(f"{metric}\n(mean ± std over seeds; dots: each seed)")
     ax.set_title(spec.name)
     ax.grid(alpha=0.3)
-    if len(lines) > 1 or guess is not None:
+    if ax.get_legend_handles_labels()[0]:  # a line, baseline or chance worth naming
         ax.legend(fontsize=8)
     return fig
 
 
-def _accuracy_scale(ax: Any, metric: str, runs: list[Path]) -> tuple[float, str] | None:
-    """An accuracy on its whole scale, with a dashed line where guessing lands (chance, returned); else nothing."""
+def _baselines(ax: Any, baselines: list[Row], members: list[Row], metric: str, colour: Any, name: str) -> None:
+    """Each baseline row across the axis, in its line's colour, named by what it sets that the others do not."""
+    for r in baselines:
+        own = {k: v for k, v in r.values.items() if all(k not in m.values for m in members if m is not r)}
+        said = ", ".join(f"{k.rsplit('.', 1)[-1]}={value_text(v)}" for k, v in own.items()) or "baseline"
+        label = f"{name}: {said}" if name else said
+        ax.axhline(cast(float, r.mean[metric]), color=colour, linestyle=":", linewidth=1.5, label=label)
+
+
+def _accuracy_scale(ax: Any, metric: str, runs: list[Path]) -> None:
+    """An accuracy on its whole scale, with a dashed line where guessing lands (chance); else nothing."""
     if not (metric.rsplit(".", 1)[-1].endswith(("top1", "top5", "acc")) or metric.startswith(("fewshot.", "parts."))):
-        return None
+        return
     ax.set_ylim(0, 1)
     guess = chance(runs, metric)
     if guess is not None:
         ax.axhline(guess[0], color="0.5", linestyle="--", linewidth=1, label=guess[1])
-    return guess
 
 
 SEED_SHIFT = 0.1  # a category's seeds are dotted this far right of its mean, off its error bar
@@ -222,11 +229,13 @@ def metric_runs(cells: list[Cell], rows: list[Row], metric: str, out: Path) -> l
 def line_label(
     line_keys: list[str], members: list[Row], runs: list[Path], describe: Callable[[Path], ModelSummary]
 ) -> str:
-    """A line's legend: ``key=value`` of its keys (those its cells lack left out), led by what its model is
+    """A line's legend: ``key=value`` of its keys (config keys its cells lack left out, cell keys read as their
+    defaults), led by what its model is
     (ModelSummary of its first run) where a key is a model's and the line holds one model, or by the family of its
     models where it holds several of one family; the model's registered name, which the spec overrides, is then
     left out."""
-    given = [(k, v) for k in line_keys if (v := value_text(members[0].values.get(k))) != "null"]
+    values = CELL_DEFAULTS | members[0].values
+    given = [(k, v) for k in line_keys if (v := value_text(values.get(k))) != "null"]
     model_axes = sorted({k for r in members for k in r.values if k.startswith("model.")})
     one_model = len({tuple(value_text(r.values.get(k)) for k in model_axes) for r in members}) == 1
     parts = []

@@ -221,54 +221,74 @@ def is_probe_metric(metric: str) -> bool:
 
 
 def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], list[Path]]], out: Path) -> list[Path]:
-    """The paper's fig. 7 for a sweep's groups (name, axis values, run directories): ``attention_distance.png`` (a
-    line per group, dots per head and seed) and per group with a position table ``position_similarity_<group>.png``."""
-    from matplotlib.figure import Figure
-
+    """The paper's fig. 7 for a sweep's groups (name, axis values, run directories): ``attention_distance.png``
+    (attention_figure's) and per group with a position table ``position_similarity_<group>.png``."""
     from ..inspect.figures import plot_position_similarity
     from ..train.metrics import save_figure
 
-    found, values = [], []
+    found = measured_groups(groups)
+    if not found:
+        return []
+    paths = []
+    for (label, _, docs), short in zip(found, _short_labels(found)):
+        if "position_similarity" in docs[0]:
+            sim = torch.tensor(docs[0]["position_similarity"]).numpy()
+            title = f"{name}: {short}, first seed"
+            paths.append(plot_position_similarity(sim, out / f"position_similarity_{label}.png", title))
+    return [save_figure(attention_figure(name, found), out / ATTENTION_FIGURE), *paths]
+
+
+Measured = list[tuple[str, dict[str, Any], list[dict[str, Any]]]]  # (label, axis values, its runs' probe files)
+
+
+def measured_groups(groups: list[tuple[str, dict[str, Any], list[Path]]]) -> Measured:
+    """The groups with an attention probe file that measured a layer, each with those files read."""
+    found = []
     for label, axes, run_dirs in groups:
         docs = [json.loads(p.read_text()) for d in run_dirs if (p := d / ATTENTION_FILE).is_file()]
         docs = [d for d in docs if any(row is not None for row in d.get("distance", []))]
         if docs:
-            found.append((label, docs))
-            values.append(axes)
-    if not found:
-        return []
-    labels = differing(values) if len(found) > 1 else [label for label, _ in found]
+            found.append((label, axes, docs))
+    return found
+
+
+def _short_labels(found: Measured) -> list[str]:
+    return differing([axes for _, axes, _ in found]) if len(found) > 1 else [label for label, _, _ in found]
+
+
+def attention_figure(name: str, found: Measured) -> Any:
+    """Mean attention distance against depth: a line per group (the mean over its heads and seeds), a dot per head
+    and seed, uniform attention's distance dashed. The depth axis ends at the deepest layer measured."""
+    from matplotlib.figure import Figure
+
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot(1, 1, 1)
-    paths, layers = [], 1
-    for k, ((label, docs), short) in enumerate(zip(found, labels)):
+    for k, ((_, _, docs), short) in enumerate(zip(found, _short_labels(found))):
         heads = len(next(row for row in docs[0]["distance"] if row is not None))
         dist = torch.tensor([[row or [math.nan] * heads for row in d["distance"]] for d in docs])  # (seeds, L, nh)
         depth = torch.arange(1, dist.shape[1] + 1).float()  # a layer not measured (NaN) has no dot and ends the line
-        layers = max(layers, dist.shape[1])
         colour = f"C{k % 10}"
         jitter = (k - (len(found) - 1) / 2) * 0.06
         for s in range(dist.shape[0]):
             for h in range(dist.shape[2]):
                 ax.scatter(depth + jitter, dist[s, :, h], s=6, color=colour, alpha=0.35, linewidths=0)
         ax.plot(depth + jitter, dist.mean(dim=(0, 2)), marker="o", color=colour, label=f"{short} (n={len(docs)})")
-        if "position_similarity" in docs[0]:
-            sim = torch.tensor(docs[0]["position_similarity"]).numpy()
-            title = f"{name}: {short}, first seed"
-            paths.append(plot_position_similarity(sim, out / f"position_similarity_{label}.png", title))
-    uniform = {d.get("uniform") for _, docs in found for d in docs} - {None}
+    runs = [d for _, _, docs in found for d in docs]
+    uniform = {float(d["uniform"]) for d in runs if d.get("uniform") is not None}
     if len(uniform) == 1:  # one grid for all: the distance of attention spread evenly over it
         ax.axhline(uniform.pop(), color="0.5", linestyle="--", linewidth=1, label="uniform attention")
-    ax.set_xticks(range(1, layers + 1))  # layers are whole numbers
+    layers = max(i + 1 for d in runs for i, row in enumerate(d["distance"]) if row is not None)
+    ax.set_xticks(range(1, layers + 1))  # whole layers, and none past the deepest measured
+    ax.set_xlim(0.5, layers + 0.5)
     ax.set_ylim(bottom=0)  # distances from zero: a zoomed axis makes near-uniform heads look spread out
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
-    untrained = "; untrained layers left out" if any(d.get("untrained_layers") for _, ds in found for d in ds) else ""
+    untrained = "; untrained layers left out" if any(d.get("untrained_layers") for d in runs) else ""
     what = f"(dots: every head of every seed; line: their mean{untrained})"
     ax.set_title(f"{name}: mean attention distance\n{what}", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
-    return [save_figure(fig, out / ATTENTION_FIGURE), *paths]
+    return fig
 
 
 def differing(values: list[dict[str, Any]]) -> list[str]:

@@ -41,6 +41,7 @@ PRETRAIN = "pretrain"  # a cell key, not a config key: ``pretrain: false`` train
 # ``pretrain: untrained``: the first run is its model's initialisation, saved, probed and fine-tuned like a trained
 # one (the untrained-features baseline): one step at learning rate 0, which leaves every weight as it was drawn
 UNTRAINED = "untrained"
+CELL_DEFAULTS = {PRETRAIN: True}  # what a cell without the key does: it pre-trains
 UNTRAINED_OVERRIDES = ("schedule.steps=1", "schedule.epochs=none", "schedule.warmup_steps=0", "optim.lr=0")
 FINETUNE = "finetune"  # the prefix of the finetune stage's metrics, and the suffix of its run directories
 COMPUTE = "compute"  # a metric and a figure x: the first run's training FLOPs (aggregate.run_compute)
@@ -83,7 +84,7 @@ class Cell:
     @property
     def pretrains(self) -> bool:
         """False for a cell with ``pretrain: false``: its finetune stage alone, from scratch (the baseline)."""
-        return dict(self.values).get(PRETRAIN, True) is not False
+        return dict(self.values).get(PRETRAIN, CELL_DEFAULTS[PRETRAIN]) is not False
 
     def overrides(self) -> list[str]:
         untrained = dict(self.values).get(PRETRAIN) == UNTRAINED
@@ -365,9 +366,9 @@ def load_spec(name_or_path: str | Path, quick: bool = False, scale: str = "cpu")
         quick=quick,
         **values,
     )
-    if any(c.get(PRETRAIN, True) not in (True, False, UNTRAINED) for c in spec.cells):
+    if any(c.get(PRETRAIN, CELL_DEFAULTS[PRETRAIN]) not in (True, False, UNTRAINED) for c in spec.cells):
         raise UserError(f"{path}: cells: {PRETRAIN} is true, false or {UNTRAINED}")
-    if any(c.get(PRETRAIN, True) is False for c in spec.cells) and not finetune:
+    if any(c.get(PRETRAIN) is False for c in spec.cells) and not finetune:
         raise UserError(f"{path}: a cell with {PRETRAIN}: false needs a {FINETUNE} stage to run")
     if spec.figure_x == COMPUTE and COMPUTE not in spec.metrics:
         raise UserError(f"{path}: figure: x {COMPUTE} needs {COMPUTE} among the metrics")
