@@ -230,10 +230,9 @@ def line_label(
     line_keys: list[str], members: list[Row], runs: list[Path], describe: Callable[[Path], ModelSummary]
 ) -> str:
     """A line's legend: ``key=value`` of its keys (config keys its cells lack left out, cell keys read as their
-    defaults), led by what its model is
-    (ModelSummary of its first run) where a key is a model's and the line holds one model, or by the family of its
-    models where it holds several of one family; the model's registered name, which the spec overrides, is then
-    left out."""
+    defaults), led by what its model is (ModelSummary of its first run) where a key is a model's and the line holds
+    one model, or by the family of its models where it holds several of one family; the model's registered name,
+    which the spec overrides, is then left out."""
     values = CELL_DEFAULTS | members[0].values
     given = [(k, v) for k in line_keys if (v := value_text(values.get(k))) != "null"]
     model_axes = sorted({k for r in members for k in r.values if k.startswith("model.")})

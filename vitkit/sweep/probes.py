@@ -22,7 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -32,6 +32,9 @@ from ..data.procedural import LABEL_PARTS
 from ..errors import UserError
 from ..io import atomic_write_text
 from ..train.overrides import value_text
+
+if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
+    from matplotlib.figure import Figure
 
 ATTENTION_FIGURE = "attention_distance.png"  # write_attention_figures' figure of the whole sweep
 PROBE_KEYS = ("fewshot", "attention", "parts")
@@ -256,7 +259,7 @@ def _short_labels(found: Measured) -> list[str]:
     return differing([axes for _, axes, _ in found]) if len(found) > 1 else [label for label, _, _ in found]
 
 
-def attention_figure(name: str, found: Measured) -> Any:
+def attention_figure(name: str, found: Measured) -> Figure:
     """Mean attention distance against depth: a line per group (the mean over its heads and seeds), a dot per head
     and seed, uniform attention's distance dashed. The depth axis ends at the deepest layer measured."""
     from matplotlib.figure import Figure
