@@ -145,6 +145,7 @@ def test_the_attention_figure_has_a_dot_per_head_and_seed_and_no_depth_tick_past
     (mean,) = [line for line in ax.get_lines() if line.get_label().startswith("token")]
     assert list(mean.get_ydata()[:2]) == [3.75, 6.5] and math.isnan(mean.get_ydata()[2])  # over heads and seeds
     assert "untrained layers left out" in ax.get_title()
+    assert ax.get_ylim() == (0, pytest.approx(1.1 * 7.5))  # from zero to a tenth above the farthest head
 
     ax = attention_figure("s", measured_groups(groups)).axes[0]
     assert list(ax.get_xticks()) == [1, 2, 3] and [t.get_text() for t in ax.get_legend().get_texts()] == [
@@ -152,6 +153,8 @@ def test_the_attention_figure_has_a_dot_per_head_and_seed_and_no_depth_tick_past
         "classifier=gap (n=1)",
         "uniform attention",
     ]
+    (groups[0][2][0] / ATTENTION_FILE).write_text(json.dumps({"distance": token[0], "uniform": 9.0}))
+    assert attention_figure("s", measured_groups(groups[:1])).axes[0].get_ylim()[1] > 9.0  # above uniform too
 
 
 SHAPES_DATA = {"source": "shapes", "img_size": 16, "num_images": 128, "eval_images": 48}

@@ -279,11 +279,12 @@ def attention_figure(name: str, found: Measured) -> Figure:
     runs = [d for _, _, docs in found for d in docs]
     uniform = {float(d["uniform"]) for d in runs if d.get("uniform") is not None}
     if len(uniform) == 1:  # one grid for all: the distance of attention spread evenly over it
-        ax.axhline(uniform.pop(), color="0.5", linestyle="--", linewidth=1, label="uniform attention")
+        ax.axhline(next(iter(uniform)), color="0.5", linestyle="--", linewidth=1, label="uniform attention")
     layers = max(i + 1 for d in runs for i, row in enumerate(d["distance"]) if row is not None)
     ax.set_xticks(range(1, layers + 1))  # whole layers, and none past the deepest measured
     ax.set_xlim(0.5, layers + 0.5)
-    ax.set_ylim(bottom=0)  # distances from zero: a zoomed axis makes near-uniform heads look spread out
+    top = max([v for d in runs for row in d["distance"] if row is not None for v in row] + list(uniform))
+    ax.set_ylim(0, 1.1 * top)  # from zero (a zoomed axis makes near-uniform heads look spread out), room above
     ax.set_xlabel("Network depth (layer)")
     ax.set_ylabel("Mean attention distance (pixels)")
     untrained = "; untrained layers left out" if any(d.get("untrained_layers") for d in runs) else ""
