@@ -233,7 +233,7 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     if not found:
         return []
     paths = []
-    for (label, _, docs), short in zip(found, _short_labels(found)):
+    for label, short, docs in found:
         if "position_similarity" in docs[0]:
             sim = torch.tensor(docs[0]["position_similarity"]).numpy()
             title = f"{name}: {short}, first seed"
@@ -241,22 +241,20 @@ def write_attention_figures(name: str, groups: list[tuple[str, dict[str, Any], l
     return [save_figure(attention_figure(name, found), out / ATTENTION_FIGURE), *paths]
 
 
-Measured = list[tuple[str, dict[str, Any], list[dict[str, Any]]]]  # (label, axis values, its runs' probe files)
+Measured = list[tuple[str, str, list[dict[str, Any]]]]  # (label, its short form, its runs' probe files)
 
 
 def measured_groups(groups: list[tuple[str, dict[str, Any], list[Path]]]) -> Measured:
-    """The groups with an attention probe file that measured a layer, each with those files read."""
+    """The groups with an attention probe file that measured a layer, each with those files read and a short label:
+    the axes that differ between them (``differing``), or its label when it is alone."""
     found = []
     for label, axes, run_dirs in groups:
         docs = [json.loads(p.read_text()) for d in run_dirs if (p := d / ATTENTION_FILE).is_file()]
         docs = [d for d in docs if any(row is not None for row in d.get("distance", []))]
         if docs:
             found.append((label, axes, docs))
-    return found
-
-
-def _short_labels(found: Measured) -> list[str]:
-    return differing([axes for _, axes, _ in found]) if len(found) > 1 else [label for label, _, _ in found]
+    shorts = differing([axes for _, axes, _ in found]) if len(found) > 1 else [label for label, _, _ in found]
+    return [(label, short, docs) for (label, _, docs), short in zip(found, shorts)]
 
 
 def attention_figure(name: str, found: Measured) -> Figure:
@@ -266,7 +264,7 @@ def attention_figure(name: str, found: Measured) -> Figure:
 
     fig = Figure(figsize=(7, 4.2))
     ax = fig.add_subplot(1, 1, 1)
-    for k, ((_, _, docs), short) in enumerate(zip(found, _short_labels(found))):
+    for k, (_, short, docs) in enumerate(found):
         heads = len(next(row for row in docs[0]["distance"] if row is not None))
         dist = torch.tensor([[row or [math.nan] * heads for row in d["distance"]] for d in docs])  # (seeds, L, nh)
         depth = torch.arange(1, dist.shape[1] + 1).float()  # a layer not measured (NaN) has no dot and ends the line
