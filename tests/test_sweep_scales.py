@@ -39,6 +39,10 @@ def test_every_shipped_spec_has_a_gpu_scale_that_builds_and_is_bigger(name, tmp_
     assert {c.data.img_size for c in firsts} == {32}  # 8x8 tokens of 4 px patches, where the CPU scale has 4x4
     cpu_firsts = [p.first for p in (plan_cell(cpu, cell, tmp_path, threads=1) for cell in cpu.expand()) if p.first]
     assert {c.data.img_size for c in cpu_firsts} == {16}
+    # the GPU scale trains and fine-tunes under bf16 autocast (a tensor core's rate), the CPU scale in fp32
+    assert {c.run.amp for c in firsts} == {"bf16"} and {c.run.amp for c in cpu_firsts} == {"none"}
+    finetunes = [[o for o in p.finetune[1] if o.startswith("run.amp=")] for p in plans if p.finetune is not None]
+    assert all(amp[-1:] == ["run.amp=bf16"] for amp in finetunes)  # its overrides, read once the first run is done
     quick = load_spec(name, scale="gpu", quick=True)
     assert quick.options == "--scale gpu --quick" and len(quick.expand()) < len(gpu.expand())
 
