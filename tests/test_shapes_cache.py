@@ -11,6 +11,7 @@ import time
 import numpy as np
 import pytest
 import torch
+from filelock import FileLock
 from safetensors.torch import load_file
 
 from vitkit.data import procedural
@@ -68,6 +69,31 @@ def test_a_file_being_drawn_is_waited_for_and_read_not_drawn_twice(tmp_path, mon
     first.join()
     assert sorted(drawn) == [0, 0, *range(1, CHUNK)]  # the file's images once, and each set's check image
     assert torch.equal(second, sets[0].images_at(torch.arange(10))) and isinstance(sets[1]._files._chunks[0], np.memmap)
+
+
+def test_a_file_another_process_is_drawing_is_waited_for_after_the_files_no_one_is_drawing(tmp_path, monkeypatch):
+    """Processes that need the same files divide them: while file 0's lock is held elsewhere, a batch that also needs
+    file 1 draws file 1 first, then waits for file 0 (and draws it, as its holder left without writing it)."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    folder = _files(tmp_path)
+    folder.mkdir(parents=True)
+    elsewhere = FileLock(folder / ".000000.lock")
+    elsewhere.acquire()
+    shapes = ProceduralShapes(2 * CHUNK, seed=1, stream=EVAL_STREAM, img_size=8)
+    across, got = torch.arange(CHUNK - 5, CHUNK + 5), []  # file 0's images first, then file 1's
+    worker = threading.Thread(target=lambda: got.append(shapes.images_at(across)))
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not (folder / "000001.npy").exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert (folder / "000001.npy").exists() and not (folder / "000000.npy").exists() and worker.is_alive()
+    elsewhere.release()
+    worker.join(60)
+    monkeypatch.delenv(CACHE_ENV)
+    assert len(got) == 1 and torch.equal(
+        got[0], ProceduralShapes(2 * CHUNK, seed=1, stream=EVAL_STREAM, img_size=8).images_at(across)
+    )
+    assert (folder / "000000.npy").exists()
 
 
 @pytest.mark.parametrize("damage", ["other images", "truncated", "wrong size"])

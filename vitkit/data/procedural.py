@@ -161,8 +161,9 @@ RENDERER_KEY = _renderer_key()  # read once, as the module is imported: the code
 class ChunkFiles:
     """The images of one split and size, kept in ``root/<RENDERER_KEY>/seed<S>-stream<T>-<size>px/<k>.npy``: file k
     holds images k * CHUNK to (k + 1) * CHUNK as uint8 (CHUNK, size, size, 3). The first process to need a file draws
-    it and writes it atomically, holding a lock beside it (``.<k>.lock``) that others needing it wait on before they
-    read it; every reader maps it, checking its shape and its first image against one drawn anew."""
+    it and writes it atomically, holding a lock beside it (``.<k>.lock``); others needing it draw the other files they
+    need meanwhile, then wait on the lock before they read it. Every reader maps it, checking its shape and its first
+    image against one drawn anew."""
 
     def __init__(self, root: str | Path, seed: int, stream: int, size: int) -> None:
         self.dir = Path(root) / RENDERER_KEY / f"seed{seed}-stream{stream}-{size}px"
@@ -174,24 +175,47 @@ class ChunkFiles:
 
     def pixels(self, index: int) -> np.ndarray:
         """Image ``index`` as read-only uint8 (size, size, 3)."""
-        k, i = divmod(index, CHUNK)
-        if k not in self._chunks:
-            self._chunks[k] = self._read(k)
-        return self._chunks[k][i]
+        return self.pixels_at([index])[0]
 
-    def _read(self, k: int) -> np.ndarray:
+    def pixels_at(self, indices: Sequence[int]) -> list[np.ndarray]:
+        """Images ``indices``, as ``pixels`` gives each. The files they need that no other process is drawing are
+        drawn or read first, then those being drawn are waited for: processes that need the same files at once (a
+        sweep's cells of one seed) divide the drawing between them rather than queue for each file in turn."""
+        drawn_elsewhere = []
+        for k in dict.fromkeys(i // CHUNK for i in indices):
+            if k not in self._chunks:
+                chunk = self._read(k, wait=False)
+                if chunk is None:
+                    drawn_elsewhere.append(k)
+                else:
+                    self._chunks[k] = chunk
+        for k in drawn_elsewhere:
+            chunk = self._read(k, wait=True)
+            assert chunk is not None  # it waited for the file
+            self._chunks[k] = chunk
+        return [self._chunks[i // CHUNK][i % CHUNK] for i in indices]
+
+    def _read(self, k: int, wait: bool) -> np.ndarray | None:
+        """File ``k``, drawn and written by this process if no file holds it; None if another process is drawing
+        it and ``wait`` is false (else this one waits for it, then reads it)."""
         path = self.dir / f"{k:06d}.npy"
-        first = self._draw(k * CHUNK)
         if not path.exists():
-            from filelock import FileLock
+            from filelock import FileLock, Timeout
 
             self.dir.mkdir(parents=True, exist_ok=True)
-            with FileLock(self.dir / f".{k:06d}.lock"):  # a process drawing this file: wait for it, then read it
+            lock = FileLock(self.dir / f".{k:06d}.lock")
+            try:
+                lock.acquire(timeout=-1 if wait else 0)
+            except Timeout:
+                return None
+            try:
                 if not path.exists():
-                    drawn = np.stack([first, *(self._draw(i) for i in range(k * CHUNK + 1, (k + 1) * CHUNK))])
+                    drawn = np.stack([self._draw(i) for i in range(k * CHUNK, (k + 1) * CHUNK)])
                     atomic_write(path, lambda tmp: _save(tmp, drawn), size=drawn.nbytes)
                     return drawn
-        expected = (CHUNK, self.size, self.size, 3)
+            finally:
+                lock.release()
+        first, expected = self._draw(k * CHUNK), (CHUNK, self.size, self.size, 3)
         try:
             chunk = np.load(path, mmap_mode="r", allow_pickle=False)
         except ValueError as e:
@@ -265,6 +289,8 @@ class ProceduralShapes(Dataset):
 
     def images_at(self, indices: torch.Tensor) -> torch.Tensor:
         """(B, C, S, S): the images at ``indices``, normalised and not augmented (a batch for augment_batch)."""
+        if self._files is not None:
+            return self._normalised(self._files.pixels_at(indices.tolist()))
         return self._normalised([self._pixels(int(i)) for i in indices])
 
     def augment_batch(self, images: torch.Tensor) -> torch.Tensor:
