@@ -106,13 +106,14 @@ def test_the_attention_probe_gives_the_closed_form_of_uniform_attention(tmp_path
 
 
 def test_the_attention_metrics_read_the_probe_file_by_hand(tmp_path):
-    """layer<i> is the mean over heads, spread<i> the farthest head minus the nearest, rise the last measured layer's
-    mean minus the first's; a layer not measured is blank, one past the model's last an error naming the file."""
-    doc = {"images": 4, "distance": [[2.0, 6.0], [5.0, 7.0], None], "untrained_layers": [2], "uniform": 6.0}
+    """layer<i> is the mean over heads, spread<i> the farthest head minus the nearest, local<i> the share of heads
+    under half of uniform attention's distance, rise the last measured layer's mean minus the first's; a layer not
+    measured is blank, one past the model's last an error naming the file."""
+    doc = {"images": 4, "distance": [[2.0, 4.5, 6.0], [2.9, 3.1, 7.0], None], "untrained_layers": [2], "uniform": 6.0}
     (tmp_path / ATTENTION_FILE).write_text(json.dumps(doc))
-    expected = {"layer0": 4.0, "spread0": 4.0, "layer1": 6.0, "spread1": 2.0, "rise": 2.0}
-    assert {name: probe_metric(tmp_path, f"attention.{name}") for name in expected} == expected
-    assert probe_metric(tmp_path, "attention.layer2") is None and probe_metric(tmp_path, "attention.spread2") is None
+    expected = {"layer0": 12.5 / 3, "spread0": 4.0, "local0": 1 / 3, "layer1": 13 / 3, "local1": 1 / 3, "rise": 0.5 / 3}
+    assert {name: probe_metric(tmp_path, f"attention.{name}") for name in expected} == pytest.approx(expected)
+    assert probe_metric(tmp_path, "attention.layer2") is None and probe_metric(tmp_path, "attention.local2") is None
     with pytest.raises(UserError, match=r"attention.json has 3 layers \(0 to 2\)"):
         probe_metric(tmp_path, "attention.spread3")
     (tmp_path / ATTENTION_FILE).write_text(json.dumps({**doc, "distance": [[1.0, 3.0], None]}))
@@ -152,7 +153,10 @@ def test_the_attention_figure_has_a_dot_per_head_and_seed_and_no_depth_tick_past
         "classifier=token (n=2)",
         "classifier=gap (n=1)",
         "uniform attention",
+        "half of uniform: local heads below",
     ]
+    local = [line for line in ax.get_lines() if line.get_linestyle() == ":"]  # dotted, at half of uniform
+    assert len(local) == 1 and list(local[0].get_ydata()) == [pytest.approx(3.0)] * 2
     (groups[0][2][0] / ATTENTION_FILE).write_text(json.dumps({"distance": token[0], "uniform": 9.0}))
     assert attention_figure("s", measured_groups(groups[:1])).axes[0].get_ylim()[1] > 9.0  # above uniform too
 
@@ -332,9 +336,9 @@ def test_a_cell_that_does_not_pretrain_trains_the_finetune_stage_alone_with_the_
 def test_probe_and_baseline_specs_are_checked(tmp_path):
     with pytest.raises(UserError, match="fewshot"):
         load_spec(_spec(tmp_path / "a.yaml", metrics=["fewshot.5shot"]))  # no probe
-    with pytest.raises(UserError, match="attention.layer<i>, attention.spread<i> or attention.rise"):
+    with pytest.raises(UserError, match="attention.spread<i>, attention.local<i> or attention.rise"):
         load_spec(_spec(tmp_path / "b.yaml", metrics=["attention.last"], probes={"attention": {"images": 4}}))
-    for name in ("layer12", "spread0", "rise"):  # the names the probe reads (each checked in a test above)
+    for name in ("layer12", "spread0", "local3", "rise"):  # the names the probe reads (each checked in a test above)
         load_spec(_spec(tmp_path / "b.yaml", metrics=[f"attention.{name}"], probes={"attention": {"images": 4}}))
     with pytest.raises(UserError, match="probes.attention"):
         load_spec(_spec(tmp_path / "c.yaml", probes={"attention": {"images": 0}}))

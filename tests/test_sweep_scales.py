@@ -22,7 +22,9 @@ from vitkit.errors import UserError
 from vitkit.inspect.attention import attention_distance
 from vitkit.models.vit import VisionTransformer
 from vitkit.sweep import load_spec, run_sweep, shipped_sweeps
+from vitkit.sweep.probes import ATTENTION_FILE, attention_record, probe_metric
 from vitkit.sweep.run import plan_cell
+from vitkit.sweep.spec import Claim
 from vitkit.train.model import build_model
 from vitkit.train.recipe import load_config
 from vitkit.train.sampling import mix_seed
@@ -65,6 +67,39 @@ def test_the_gpu_scales_attention_is_measured_on_8x8_tokens_of_4_pixels_and_runs
         assert distance.shape == (model.config.depth, model.config.num_heads) and np.isfinite(distance).all()
         vits += 1
     assert vits >= 2
+
+
+ATTENTION_CLAIMS = [
+    (name, scale)
+    for name in sorted(shipped_sweeps())
+    for scale in ("cpu", "gpu")
+    if any(c.metric.startswith("attention.") for c in load_spec(name, scale=scale).claims)
+]
+
+
+@pytest.mark.parametrize(("name", "scale"), ATTENTION_CLAIMS)
+def test_no_attention_claim_holds_already_at_initialisation(name, scale, tmp_path):
+    """An attention claim tests what training does, so its two rows' models as the trainer draws them (seeds 0-2,
+    the probe on their held-out images) must not show the claimed ordering already: the hybrid's first layer starts
+    farther than the ViT's, and "hybrid farther" would be shown with no training at all."""
+    spec = load_spec(name, scale=scale)
+    cells = spec.expand()
+    for claim in (c for c in spec.claims if c.metric.startswith("attention.")):
+        differences = []
+        for seed in spec.seeds[:3]:
+            values = []
+            for side in (claim.higher, claim.lower):
+                cell = next(c for c in cells if c.seed == seed and Claim.matches(side, dict(c.values)))
+                cfg = plan_cell(spec, cell, tmp_path, threads=1).first
+                _, held_out, info = build_datasets(cfg.data)
+                torch.manual_seed(mix_seed(seed, 0x1417))  # the trainer's init draw (train/setup.py)
+                model = build_model(cfg, info, None).eval()
+                run_dir = tmp_path / cell.name
+                run_dir.mkdir(exist_ok=True)
+                (run_dir / ATTENTION_FILE).write_text(json.dumps(attention_record(model, held_out, 64)))
+                values.append(probe_metric(run_dir, claim.metric))
+            differences.append(values[0] - values[1])
+        assert np.mean(differences) <= 0, f"{name} {scale}: {claim.metric} holds untrained: {differences}"
 
 
 def test_the_gpu_scale_refuses_a_machine_without_one_unless_a_device_is_named(tmp_path, capsys, monkeypatch):

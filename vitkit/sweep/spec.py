@@ -321,7 +321,7 @@ def _check_metrics(path: Path, metrics: list[str], probes: Probes, has_finetune:
             raise UserError(f"{path}: metrics: {m!r}: not one of the {kind} probe's ({probes.metrics(kind) or 'none'})")
         if kind == "attention" and (not probes.attention_images or not ATTENTION_METRICS.fullmatch(name)):
             raise UserError(f"{path}: metrics: {m!r} needs probes.attention and the form attention.layer<i>, "
-                            "attention.spread<i> or attention.rise")  # fmt: skip
+                            "attention.spread<i>, attention.local<i> or attention.rise")  # fmt: skip
 
 
 def load_spec(name_or_path: str | Path, quick: bool = False, scale: str = "cpu") -> SweepSpec:
