@@ -116,6 +116,9 @@ def test_the_attention_metrics_read_the_probe_file_by_hand(tmp_path):
     assert probe_metric(tmp_path, "attention.layer2") is None and probe_metric(tmp_path, "attention.local2") is None
     with pytest.raises(UserError, match=r"attention.json has 3 layers \(0 to 2\)"):
         probe_metric(tmp_path, "attention.spread3")
+    (tmp_path / ATTENTION_FILE).write_text(json.dumps({k: v for k, v in doc.items() if k != "uniform"}))
+    with pytest.raises(UserError, match=r"attention.json has no uniform attention distance; delete it and rerun"):
+        probe_metric(tmp_path, "attention.local0")
     (tmp_path / ATTENTION_FILE).write_text(json.dumps({**doc, "distance": [[1.0, 3.0], None]}))
     assert probe_metric(tmp_path, "attention.rise") is None  # one layer measured: no growth to speak of
     (tmp_path / ATTENTION_FILE).write_text(json.dumps({"skipped": "ResNetV2 has no attention"}))

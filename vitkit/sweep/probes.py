@@ -225,6 +225,8 @@ def _attention_metric(doc: dict[str, Any], name: str, where: str) -> float | Non
     if row is None:
         return None
     if kind == "local":
+        if "uniform" not in doc:  # written before the probe recorded it: delete the file and rerun the sweep
+            raise UserError(f"{where} has no uniform attention distance; delete it and rerun the sweep")
         return sum(d < LOCAL * doc["uniform"] for d in row) / len(row)
     return sum(row) / len(row) if kind == "layer" else max(row) - min(row)
 
