@@ -19,6 +19,7 @@ from vitkit.sweep.aggregate import Row
 from vitkit.sweep.figures import (
     SEED_SHIFT,
     ModelSummary,
+    axis_label,
     chance,
     curves_figure,
     line_label,
@@ -70,6 +71,8 @@ def test_figure_legends_say_what_each_model_is_and_accuracies_show_chance(tmp_pa
     (chance_line,) = [line for line in ax.get_lines() if line.get_label().startswith("chance")]
     assert list(chance_line.get_ydata()) == [1 / classes] * 2 and chance_line.get_linestyle() == "--"
     assert ax.get_ylim() == (0, 1)
+    assert ax.get_xlabel() == "training compute (FLOPs: 3 x forward x images) [compute]"
+    assert ax.get_ylabel().startswith("held-out top-1\n") and ax.get_title().endswith(": eval_top1")
     top5 = metric_figure(spec, result.rows, "eval_top5", out).axes[0]
     assert [line.get_ydata()[0] for line in top5.get_lines() if line.get_label() == f"chance (5/{classes})"] == [
         5 / classes
@@ -95,6 +98,17 @@ def test_figure_legends_say_what_each_model_is_and_accuracies_show_chance(tmp_pa
     assert chance(runs, "parts.side") == (0.5, "chance (1/2)") and chance(runs, "parts.shape") == (0.2, "chance (1/5)")
     assert chance([out / "other"], "eval_top1") == (1 / 3, "chance (1/3)")
     assert chance(runs, "train.loss") is None
+
+
+def test_an_axis_says_what_it_measures_in_words_beside_the_name_the_table_uses():
+    assert axis_label("eval_loss") == "held-out loss [eval_loss]"
+    assert axis_label("finetune.eval_top1") == "held-out top-1 after fine-tuning [finetune.eval_top1]"
+    assert axis_label("fewshot.10shot", named=False) == "10-shot linear top-1 (frozen features)"
+    assert axis_label("attention.layer3", named=False) == "mean attention distance (px), layer 3"
+    assert axis_label("attention.local0", named=False) == "share of local heads, layer 0"
+    assert axis_label("data.num_images") == "pretraining images [data.num_images]"
+    assert axis_label("model.width") == axis_label("model.width", named=False) == "model.width"  # no words: the name
+    assert axis_label("fewshot.5shotx") == "fewshot.5shotx"
 
 
 def test_the_curves_figure_averages_each_rows_seeds_at_the_steps_all_evaluated(tmp_path):

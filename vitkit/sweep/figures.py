@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,7 +111,7 @@ def curves_figure(
         return None
     ax.set_ylim(0, 1)
     ax.set_xlabel("training step")
-    ax.set_ylabel(f"{metric} (mean over seeds; thin: each seed)")
+    ax.set_ylabel(f"{axis_label(metric, named=False)}\n(mean over seeds; thin: each seed)")
     ax.set_title(f"{spec.name}: held-out accuracy during training", fontsize=10)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=6)
@@ -169,13 +170,47 @@ def metric_figure(
     _accuracy_scale(ax, metric, metric_runs(cells, rows, metric, out))
     if numeric and spec.log_x:
         ax.set_xscale("log")
-    ax.set_xlabel("training compute (FLOPs: 3 x forward x images)" if x_key == COMPUTE else x_key)
-    ax.set_ylabel(f"{metric}\n(mean ± std over seeds; dots: each seed)")
-    ax.set_title(spec.name)
+    ax.set_xlabel(axis_label(x_key))
+    ax.set_ylabel(f"{axis_label(metric, named=False)}\n(mean ± std over seeds; dots: each seed)")
+    ax.set_title(f"{spec.name}: {metric}")  # the metric as the table heads it
     ax.grid(alpha=0.3)
     if ax.get_legend_handles_labels()[0]:  # a line, baseline or chance worth naming
         ax.legend(fontsize=8)
     return fig
+
+
+# what a metric or config key on an axis measures, in words; the name as the table heads it follows in brackets
+AXIS_NAMES = {
+    "eval_top1": "held-out top-1",
+    "eval_top5": "held-out top-5",
+    "eval_loss": "held-out loss",
+    COMPUTE: "training compute (FLOPs: 3 x forward x images)",
+    "data.num_images": "pretraining images",
+    "model.pos_embed": "position embedding",
+    "run.objective": "pretraining objective",
+    "parts.shape": "top-1 on the shape alone",
+    "parts.side": "top-1 on the marker's side alone",
+}
+ATTENTION_NAMES = {"layer": "mean attention distance (px)", "spread": "farthest head minus nearest (px)",
+                   "local": "share of local heads"}  # fmt: skip
+
+
+def axis_label(name: str, named: bool = True) -> str:
+    """What an axis shows, in words, and (``named``) the metric's or key's own name: ``held-out top-1 [eval_top1]``;
+    a finetune metric ``... after fine-tuning``, ``<k>-shot linear top-1``, an attention metric with its layer; a
+    name without words as it is."""
+    stem = name.removeprefix(f"{FINETUNE}.")
+    words = AXIS_NAMES.get(stem)
+    if (shots := re.fullmatch(r"fewshot\.(\d+)shot", stem)) is not None:
+        words = f"{shots[1]}-shot linear top-1 (frozen features)"
+    elif (part := re.fullmatch(r"attention\.(layer|spread|local)(\d+)", stem)) is not None:
+        words = f"{ATTENTION_NAMES[part[1]]}, layer {part[2]}"
+    elif stem == "attention.rise":
+        words = "mean attention distance, last layer minus first (px)"
+    if words is None:
+        return name
+    words += " after fine-tuning" if stem != name else ""
+    return f"{words} [{name}]" if named else words
 
 
 def _baselines(ax: Any, baselines: list[Row], members: list[Row], metric: str, colour: Any, name: str) -> None:
