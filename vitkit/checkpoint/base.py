@@ -6,6 +6,7 @@ module with ``FORMAT``, ``detect(path) -> bool`` (no weights read) and ``read(pa
 from __future__ import annotations
 
 import json
+import os
 import re
 import tokenize
 import zipfile
@@ -17,8 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from ..config_of import config_of
@@ -62,10 +62,44 @@ def _torch_load_cause(error: Exception) -> str:
 
 def load_safetensors(path: str | Path) -> dict[str, torch.Tensor]:
     """The tensors of a .safetensors file; a corrupt or truncated one is a UserError naming it."""
+    return read_safetensors(path)[1]
+
+
+READ_TRIES = 5  # reads of a file that changed under each of them before giving up
+
+
+def read_safetensors(
+    path: str | Path, tensors: bool = True, what: str = "safetensors file"
+) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """(metadata, tensors) of a .safetensors file (``tensors=False``: the header alone), from one version of it; a
+    corrupt or truncated file is a UserError naming it as ``what``. safetensors opens the file by name twice (its
+    header, then torch maps the body), so a file replaced in between (a live run saving atomically) would mix two
+    versions: a read the file changed under is done again."""
+    path = Path(path)
+    for _ in range(READ_TRIES):
+        before = _version(path)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                found = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}  # noqa: SIM118 (no __iter__)
+        except SafetensorError as e:  # safetensors' own type, for a bad header, a truncated body, a wrong dtype, ...
+            raise UserError(f"{path}: not a readable {what} ({' '.join(str(e).split())})") from None
+        except RuntimeError:  # torch mapped a body shorter than the header it was given: the file was replaced
+            if _version(path) == before:
+                raise
+            continue
+        if _version(path) == before:
+            return meta, found
+    raise UserError(f"{path}: replaced while being read, {READ_TRIES} times in a row; read it once its writer stops")
+
+
+def _version(path: Path) -> tuple[int, ...] | None:
+    """What tells one version of a file from the next that replaces it: device, inode, size, modification time."""
     try:
-        return load_file(str(path))
-    except SafetensorError as e:  # safetensors' own type, for a bad header, a truncated body, a wrong dtype, ...
-        raise UserError(f"{path}: not a readable safetensors file ({' '.join(str(e).split())})") from None
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def read_config_json(path: str | Path) -> dict[str, Any]:

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
+from ..checkpoint.base import read_safetensors
 from ..errors import UserError, UserFileNotFoundError
 from ..io import atomic_write
 
@@ -68,12 +68,7 @@ def read_train_state(path: str | Path, tensors: bool = True) -> tuple[dict[str, 
     path = Path(path)
     if not path.is_file():
         raise UserFileNotFoundError(f"{path}: no training state to resume from")
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            found = {k: f.get_tensor(k) for k in f.keys()} if tensors else {}  # noqa: SIM118 (no __iter__)
-    except SafetensorError as e:  # safetensors' own type, for a bad header, a truncated body, a wrong dtype, ...
-        raise UserError(f"{path}: not a readable training state ({e})") from None
+    meta, found = read_safetensors(path, tensors, what="training state")
     if _META_KEY not in meta:
         raise UserError(f"{path}: a safetensors file without the {_META_KEY!r} metadata of a vitkit training state")
     try:
