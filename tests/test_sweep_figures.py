@@ -23,6 +23,7 @@ from vitkit.sweep.figures import (
     chance,
     curves_figure,
     line_label,
+    log_axis,
     metric_figure,
     metric_runs,
     model_summary,
@@ -109,6 +110,21 @@ def test_an_axis_says_what_it_measures_in_words_beside_the_name_the_table_uses()
     assert axis_label("data.num_images") == "pretraining images [data.num_images]"
     assert axis_label("model.width") == axis_label("model.width", named=False) == "model.width"  # no words: the name
     assert axis_label("fewshot.5shotx") == "fewshot.5shotx"
+
+
+@pytest.mark.parametrize(
+    ("values", "ticks"),
+    [([8.9e11, 2.7e12], ["1T", "1.5T", "2T"]), ([1000, 64000], ["1k", "2k", "5k", "10k", "20k", "50k"])],
+)
+def test_a_log_axis_has_ticks_that_read_as_numbers(values, ticks):
+    from matplotlib.figure import Figure
+
+    ax = Figure().add_subplot()
+    ax.plot(values, [0, 1])
+    log_axis(ax.xaxis, values)
+    low, high = ax.get_xlim()
+    shown = [t for t in ax.xaxis.get_major_locator()() if low <= t <= high]
+    assert [ax.xaxis.get_major_formatter()(t, 0) for t in shown] == ticks  # a span under a decade: 1.5 and 3 too
 
 
 def test_the_curves_figure_averages_each_rows_seeds_at_the_steps_all_evaluated(tmp_path):

@@ -169,7 +169,7 @@ def metric_figure(
         ax.set_xticks(range(len(xs)), [_category(x_key, x, rows) for x in xs])
     _accuracy_scale(ax, metric, metric_runs(cells, rows, metric, out))
     if numeric and spec.log_x:
-        ax.set_xscale("log")
+        log_axis(ax.xaxis, [float(x) for x in xs])
     ax.set_xlabel(axis_label(x_key))
     ax.set_ylabel(f"{axis_label(metric, named=False)}\n(mean ± std over seeds; dots: each seed)")
     ax.set_title(f"{spec.name}: {metric}")  # the metric as the table heads it
@@ -211,6 +211,18 @@ def axis_label(name: str, named: bool = True) -> str:
         return name
     words += " after fine-tuning" if stem != name else ""
     return f"{words} [{name}]" if named else words
+
+
+def log_axis(axis: Any, values: list[float]) -> None:
+    """A log scale whose ticks read as numbers: at 1, 2 and 5 of each power of ten (also 1.5, 3 and 7 where the values
+    span under a decade), written with an SI prefix ("1k", "1.5T")."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.axes.set_xscale("log")
+    narrow = max(values) < 10 * min(values) if values and min(values) > 0 else False
+    axis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if narrow else (1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda x, _: "".join(_si(x))))
+    axis.set_minor_formatter(NullFormatter())
 
 
 def _baselines(ax: Any, baselines: list[Row], members: list[Row], metric: str, colour: Any, name: str) -> None:
