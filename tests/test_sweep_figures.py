@@ -121,7 +121,7 @@ def test_a_log_axis_has_ticks_that_read_as_numbers(values, ticks):
 
     ax = Figure().add_subplot()
     ax.plot(values, [0, 1])
-    log_axis(ax.xaxis, values)
+    log_axis(ax, values)
     low, high = ax.get_xlim()
     shown = [t for t in ax.xaxis.get_major_locator()() if low <= t <= high]
     assert [ax.xaxis.get_major_formatter()(t, 0) for t in shown] == ticks  # a span under a decade: 1.5 and 3 too

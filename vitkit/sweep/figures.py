@@ -22,7 +22,7 @@ from ..models.flops import model_flops
 from ..train.metrics import MetricsLog, save_figure
 from ..train.overrides import value_text
 from .aggregate import Row, meta_model
-from .probes import FEWSHOT_FILE, PARTS_FILE, differing
+from .probes import ATTENTION_METRICS, FEWSHOT_FILE, PARTS_FILE, differing
 from .spec import CELL_DEFAULTS, COMPUTE, FINETUNE, Cell, SweepSpec, finetune_name
 
 if TYPE_CHECKING:  # matplotlib is imported where a figure is drawn
@@ -169,7 +169,7 @@ def metric_figure(
         ax.set_xticks(range(len(xs)), [_category(x_key, x, rows) for x in xs])
     _accuracy_scale(ax, metric, metric_runs(cells, rows, metric, out))
     if numeric and spec.log_x:
-        log_axis(ax.xaxis, [float(x) for x in xs])
+        log_axis(ax, [float(x) for x in xs])
     ax.set_xlabel(axis_label(x_key))
     ax.set_ylabel(f"{axis_label(metric, named=False)}\n(mean ± std over seeds; dots: each seed)")
     ax.set_title(f"{spec.name}: {metric}")  # the metric as the table heads it
@@ -191,8 +191,12 @@ AXIS_NAMES = {
     "parts.shape": "top-1 on the shape alone",
     "parts.side": "top-1 on the marker's side alone",
 }
-ATTENTION_NAMES = {"layer": "mean attention distance (px)", "spread": "farthest head minus nearest (px)",
-                   "local": "share of local heads"}  # fmt: skip
+ATTENTION_NAMES = {  # by probes.ATTENTION_METRICS' kind; None: rise, the one without a layer
+    "layer": "mean attention distance (px)",
+    "spread": "farthest head minus nearest (px)",
+    "local": "share of local heads",
+    None: "mean attention distance, last layer minus first (px)",
+}
 
 
 def axis_label(name: str, named: bool = True) -> str:
@@ -203,22 +207,21 @@ def axis_label(name: str, named: bool = True) -> str:
     words = AXIS_NAMES.get(stem)
     if (shots := re.fullmatch(r"fewshot\.(\d+)shot", stem)) is not None:
         words = f"{shots[1]}-shot linear top-1 (frozen features)"
-    elif (part := re.fullmatch(r"attention\.(layer|spread|local)(\d+)", stem)) is not None:
-        words = f"{ATTENTION_NAMES[part[1]]}, layer {part[2]}"
-    elif stem == "attention.rise":
-        words = "mean attention distance, last layer minus first (px)"
+    elif stem.startswith("attention.") and (part := ATTENTION_METRICS.fullmatch(stem.removeprefix("attention."))):
+        words = ATTENTION_NAMES[part[1]] + (f", layer {part[2]}" if part[1] else "")  # rise: no layer
     if words is None:
         return name
     words += " after fine-tuning" if stem != name else ""
     return f"{words} [{name}]" if named else words
 
 
-def log_axis(axis: Any, values: list[float]) -> None:
-    """A log scale whose ticks read as numbers: at 1, 2 and 5 of each power of ten (also 1.5, 3 and 7 where the values
-    span under a decade), written with an SI prefix ("1k", "1.5T")."""
+def log_axis(ax: Any, values: list[float]) -> None:
+    """The x axis on a log scale whose ticks read as numbers: at 1, 2 and 5 of each power of ten (also 1.5, 3 and 7
+    where the values span under a decade), written with an SI prefix ("1k", "1.5T")."""
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
-    axis.axes.set_xscale("log")
+    ax.set_xscale("log")
+    axis = ax.xaxis
     narrow = max(values) < 10 * min(values) if values and min(values) > 0 else False
     axis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0) if narrow else (1.0, 2.0, 5.0)))
     axis.set_major_formatter(FuncFormatter(lambda x, _: "".join(_si(x))))

@@ -289,9 +289,9 @@ def attention_figure(name: str, found: Measured) -> Figure:
     runs = [d for _, _, docs in found for d in docs]
     uniform = {float(d["uniform"]) for d in runs if d.get("uniform") is not None}
     if len(uniform) == 1:  # one grid for all: the distance of attention spread evenly over it
-        ax.axhline(next(iter(uniform)), color="0.5", linestyle="--", linewidth=1, label="uniform attention")
-        local = "half of uniform: local heads below"
-        ax.axhline(LOCAL * next(iter(uniform)), color="0.5", linestyle=":", linewidth=1, label=local)
+        (even,) = uniform
+        ax.axhline(even, color="0.5", linestyle="--", linewidth=1, label="uniform attention")
+        ax.axhline(LOCAL * even, color="0.5", linestyle=":", linewidth=1, label="half of uniform: local heads below")
     layers = max(i + 1 for d in runs for i, row in enumerate(d["distance"]) if row is not None)
     ax.set_xticks(range(1, layers + 1))  # whole layers, and none past the deepest measured
     ax.set_xlim(0.5, layers + 0.5)
